@@ -1,0 +1,57 @@
+# The commands a person uses. Everything bootstraps from a clean clone:
+# a private tools venv holds the pinned uv, uv builds .venv from uv.lock.
+SHELL := /bin/bash
+PYTHON ?= python3
+UV_VERSION := 0.13.8
+TOOLS := .tools
+UV := $(TOOLS)/bin/uv
+VENV := .venv
+PY := $(VENV)/bin/python
+export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
+export UV_LINK_MODE := copy
+
+.PHONY: help bootstrap lint typecheck imports test unit integration bench clean
+
+help:
+	@echo "make test       lint, typecheck, import contracts and every test (real NATS/Redis started by the tests)"
+	@echo "make unit       fast tests only (no integration marker)"
+	@echo "make bench      run the benchmarks under bench/ and print JSON"
+	@echo "make bootstrap  create .venv from uv.lock"
+
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+$(VENV)/.synced: $(UV) uv.lock pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
+	$(UV) sync --frozen --all-packages --python $(PYTHON)
+	@touch $@
+
+bootstrap: $(VENV)/.synced
+
+lint: bootstrap
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: bootstrap
+	$(VENV)/bin/mypy libs/common/src libs/kubesim/src $(wildcard services/*/src)
+
+imports: bootstrap
+	$(VENV)/bin/lint-imports
+
+test: lint typecheck imports
+	$(VENV)/bin/pytest -p no:cacheprovider
+
+unit: bootstrap
+	$(VENV)/bin/pytest -p no:cacheprovider -m "not integration"
+
+integration: bootstrap
+	$(VENV)/bin/pytest -p no:cacheprovider -m integration
+
+bench: bootstrap
+	$(PY) bench/bus.py
+
+lock: $(UV)
+	$(UV) lock
+
+clean:
+	rm -rf $(VENV) $(TOOLS)
