@@ -32,7 +32,6 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal, NamedTuple, TypeAlias
 
-from flotilla.common import quantity
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -42,6 +41,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from flotilla.common import quantity
 
 GROUP = "flotilla.io"
 VERSION = "v1alpha1"
