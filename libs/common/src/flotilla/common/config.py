@@ -1,0 +1,60 @@
+"""Service configuration from `FLOTILLA_*` environment variables, checked at start-up.
+
+Every service builds one `Settings` (or a subclass adding its own fields) through
+`load`, which turns pydantic's validation errors into one readable `ConfigError`
+naming each bad variable. Secrets (`redis_url` may carry a password, NATS
+credentials) are `SecretStr`, so they never appear in logs or reprs.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from flotilla.common.errors import ConfigError
+
+ENV_PREFIX = "FLOTILLA_"
+
+
+class Settings(BaseSettings):
+    """What every Flotilla service needs to know."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    service: str = Field(default="flotilla", pattern=r"^[a-z][a-z0-9-]*$")
+    instance: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
+        description="unique per replica; used for partition leases",
+    )
+    nats_url: str = "nats://127.0.0.1:4222"
+    nats_creds: Path | None = Field(default=None, description="NATS .creds file (user JWT + nkey)")
+    nats_user: str | None = None
+    nats_password: SecretStr | None = None
+    redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
+    partitions: int = Field(default=16, ge=1, le=1024)
+    stream_prefix: str = Field(default="flotilla", pattern=r"^[a-z][a-z0-9_-]*$")
+    max_concurrency: int = Field(default=64, ge=1)
+    hub_kubeconfig: Path | None = None
+    health_host: str = "0.0.0.0"
+    health_port: int = Field(default=8080, ge=0, le=65535)
+    log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
+
+
+SettingsT = TypeVar("SettingsT", bound=Settings)
+
+
+def load(settings_type: type[SettingsT], **overrides: Any) -> SettingsT:
+    """Build settings from the environment (and explicit overrides) or fail readably."""
+    try:
+        return settings_type(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors(include_url=False):
+            field = ".".join(str(p) for p in err["loc"])
+            lines.append(f"  {ENV_PREFIX}{field.upper()}: {err['msg']}")
+        raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from exc
