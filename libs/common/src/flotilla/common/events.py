@@ -20,14 +20,16 @@ from __future__ import annotations
 import hashlib
 import typing
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from flotilla.common.api import PlacementState as WorkState
+from flotilla.common.api import Strategy
 from flotilla.common.errors import InvalidEvent
 
 SCHEMA_VERSION = 1
+
 
 JsonObject = dict[str, Any]
 Requests = dict[str, int]
@@ -61,18 +63,6 @@ class ObjectRef(_Model):
             name=metadata.get("name", ""),
             namespace=metadata.get("namespace") or None,
         )
-
-
-class Strategy(StrEnum):
-    SPLIT = "split"
-    COPY = "copy"
-    ANY = "any"
-    AS_NEEDED = "as-needed"
-
-
-class WorkState(StrEnum):
-    ACTIVE = "Active"
-    RETIRING = "Retiring"
 
 
 class Component(_Model):
