@@ -31,10 +31,20 @@ A record without a node breakdown is judged at the cluster level alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from flotilla.common.errors import Unavailable
 from flotilla.common.events import Requests
 
 PODS = "pods"
@@ -152,3 +162,410 @@ def fit_replicas(
     if not nodes:
         return cluster_level
     return min(sum(_count(free, shape) for free in nodes), cluster_level)
+
+
+# --------------------------------------------------------------------------- adapters
+
+
+class CapacityCache(Protocol):
+    """Where capacity records and reservations live; the scheduler and syncer see only this."""
+
+    async def put(self, record: ClusterCapacity) -> None:
+        """Store a cluster's record (its `reserved` is ignored); reservations are kept."""
+
+    async def remove(self, cluster: str) -> None:
+        """Forget a cluster: its record and every reservation on it."""
+
+    async def snapshot(self, clusters: Iterable[str] | None = None) -> Snapshot:
+        """Every (or the named) cluster's record with its live reservations summed in."""
+
+    async def reserve(
+        self,
+        cluster: str,
+        reservation_id: str,
+        per_replica: Requests,
+        replicas: int,
+        ttl: float,
+    ) -> bool:
+        """Atomically claim room for `replicas` pods of `per_replica` for `ttl` seconds.
+
+        False (and nothing changed) when they do not fit or the cluster is unknown.
+        Reserving an id that is already held replaces it, so retries are harmless.
+        """
+
+    async def release(self, cluster: str, reservation_id: str) -> None:
+        """Drop one reservation; releasing an unknown id is not an error."""
+
+    async def reservations(self, cluster: str) -> list[Reservation]:
+        """The live reservations on one cluster, oldest expiry first."""
+
+
+class FakeCapacityCache:
+    """In-memory `CapacityCache` with the Redis one's semantics, for other services' tests.
+
+    `clock` stands in for Redis `TIME` so a test can expire reservations by moving it;
+    set `unavailable = True` to make every call raise `Unavailable`, as a dead Redis does.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.unavailable = False
+        self._records: dict[str, ClusterCapacity] = {}
+        self._reservations: dict[str, dict[str, Reservation]] = {}
+
+    def _check(self) -> None:
+        if self.unavailable:
+            raise Unavailable("capacity cache unavailable (FakeCapacityCache.unavailable)")
+
+    def _live(self, cluster: str, now: float) -> dict[str, Reservation]:
+        held = self._reservations.setdefault(cluster, {})
+        for rid in [rid for rid, r in held.items() if r.expires_at <= now]:
+            del held[rid]
+        return held
+
+    async def put(self, record: ClusterCapacity) -> None:
+        self._check()
+        self._records[record.cluster] = record.model_copy(update={"reserved": {}})
+
+    async def remove(self, cluster: str) -> None:
+        self._check()
+        self._records.pop(cluster, None)
+        self._reservations.pop(cluster, None)
+
+    async def snapshot(self, clusters: Iterable[str] | None = None) -> Snapshot:
+        self._check()
+        now = self.clock()
+        names = list(self._records) if clusters is None else list(clusters)
+        out: dict[str, ClusterCapacity] = {}
+        for name in names:
+            record = self._records.get(name)
+            if record is not None:
+                held = self._live(name, now).values()
+                reserved = add(*(r.total for r in held))
+                out[name] = record.model_copy(update={"reserved": reserved})
+        return Snapshot(clusters=out, taken_at=now)
+
+    async def reserve(
+        self,
+        cluster: str,
+        reservation_id: str,
+        per_replica: Requests,
+        replicas: int,
+        ttl: float,
+    ) -> bool:
+        self._check()
+        _validate_reservation(per_replica, replicas, ttl)
+        now = self.clock()
+        record = self._records.get(cluster)
+        if record is None:
+            return False
+        held = self._live(cluster, now)
+        others = add(*(r.total for rid, r in held.items() if rid != reservation_id))
+        headroom = {r: amount - others.get(r, 0) for r, amount in record.available.items()}
+        fit = fit_replicas(per_replica, headroom=headroom, node_free=[n.free for n in record.nodes])
+        if replicas > 0 and fit < replicas:
+            return False
+        held[reservation_id] = Reservation(
+            id=reservation_id,
+            cluster=cluster,
+            requests=dict(per_replica),
+            replicas=replicas,
+            expires_at=now + ttl,
+        )
+        return True
+
+    async def release(self, cluster: str, reservation_id: str) -> None:
+        self._check()
+        self._reservations.get(cluster, {}).pop(reservation_id, None)
+
+    async def reservations(self, cluster: str) -> list[Reservation]:
+        self._check()
+        return sorted(self._live(cluster, self.clock()).values(), key=lambda r: r.expires_at)
+
+
+def _validate_reservation(per_replica: Mapping[str, int], replicas: int, ttl: float) -> None:
+    pod_shape(per_replica)
+    if replicas < 0:
+        raise ValueError(f"replicas must not be negative, got {replicas}")
+    if not ttl > 0:
+        raise ValueError(f"ttl must be positive, got {ttl}")
+
+
+# Redis layout, all under one prefix (default ``flotilla:capacity:``):
+#   <prefix>clusters               set of cluster names (what snapshot() with no names reads)
+#   <prefix>cluster:<name>         the record as compact JSON, `reserved` left out
+#   <prefix>reservations:<name>    hash  id -> {"requests": {...}, "replicas": n}
+#   <prefix>expiry:<name>          zset  id -> expires_at (Redis server time, epoch seconds)
+# Amounts stay integers end to end: Lua only decodes and compares them (doubles are
+# exact below 2**53, i.e. 8 PiB of memory), it never re-encodes them.
+
+_LUA_NOW = """
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local now_s = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+"""
+
+_RESERVE = (
+    _LUA_NOW
+    + """
+-- KEYS: record, reservations hash, expiry zset. ARGV: id, body JSON, ttl seconds.
+local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now_s)
+for _, rid in ipairs(expired) do redis.call('HDEL', KEYS[2], rid) end
+if #expired > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_s) end
+
+local raw = redis.call('GET', KEYS[1])
+if not raw then return 0 end
+local record = cjson.decode(raw)
+local body = cjson.decode(ARGV[2])
+local function with_pod(shape)
+  if shape.pods == nil then shape.pods = 1 end
+  return shape
+end
+local shape = with_pod(body.requests)
+
+local headroom = {}
+for r, amount in pairs(record.available) do headroom[r] = amount end
+local held = redis.call('HGETALL', KEYS[2])
+for i = 1, #held, 2 do
+  if held[i] ~= ARGV[1] then
+    local other = cjson.decode(held[i + 1])
+    for r, amount in pairs(with_pod(other.requests)) do
+      headroom[r] = (headroom[r] or 0) - amount * other.replicas
+    end
+  end
+end
+
+-- how many whole shapes fit into free; nil when the shape requests nothing
+local function count(free)
+  local best = nil
+  for r, amount in pairs(shape) do
+    if amount > 0 then
+      local have = free[r] or 0
+      if have < 0 then have = 0 end
+      local n = math.floor(have / amount)
+      if best == nil or n < best then best = n end
+    end
+  end
+  return best
+end
+
+if body.replicas > 0 then
+  local fit = count(headroom)
+  if fit ~= nil and #record.nodes > 0 then
+    local on_nodes = 0
+    for _, node in ipairs(record.nodes) do on_nodes = on_nodes + count(node.free) end
+    if on_nodes < fit then fit = on_nodes end
+  end
+  if fit ~= nil and fit < body.replicas then return 0 end
+end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[3], string.format('%.6f', now + tonumber(ARGV[3])), ARGV[1])
+return 1
+"""
+)
+
+_SNAPSHOT = (
+    _LUA_NOW
+    + """
+-- KEYS: the cluster index set. ARGV: prefix, then cluster names (none = every cluster).
+-- The per-cluster keys are derived here, which is why the cache needs a standalone
+-- (or Sentinel) Redis rather than Redis Cluster: one snapshot must read them all atomically.
+local prefix = ARGV[1]
+local names = {}
+if #ARGV > 1 then
+  for i = 2, #ARGV do names[#names + 1] = ARGV[i] end
+else
+  names = redis.call('SMEMBERS', KEYS[1])
+end
+local out = {t[1], t[2]}
+for _, name in ipairs(names) do
+  local raw = redis.call('GET', prefix .. 'cluster:' .. name)
+  if raw then
+    local live = redis.call(
+      'ZRANGEBYSCORE', prefix .. 'expiry:' .. name, '(' .. now_s, '+inf', 'WITHSCORES')
+    local held = {}
+    for i = 1, #live, 2 do
+      local body = redis.call('HGET', prefix .. 'reservations:' .. name, live[i])
+      if body then
+        held[#held + 1] = live[i]
+        held[#held + 1] = body
+        held[#held + 1] = live[i + 1]
+      end
+    end
+    out[#out + 1] = {name, raw, held}
+  end
+end
+return out
+"""
+)
+
+DEFAULT_PREFIX = "flotilla:capacity:"
+
+
+@contextlib.contextmanager
+def _unavailable(operation: str) -> Iterator[None]:
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError, TimeoutError) as exc:
+        raise Unavailable(f"capacity cache: {operation} failed: {exc}") from exc
+
+
+class RedisCapacityCache:
+    """The `CapacityCache` on Redis: one script call per snapshot and per reservation.
+
+    Redis failures surface as `Unavailable` (a `TemporaryError`), so the bus retries
+    the event later. A retried `reserve` is harmless: the same id replaces itself.
+    """
+
+    def __init__(self, client: Redis, *, prefix: str = DEFAULT_PREFIX) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._reserve = client.register_script(_RESERVE)
+        self._snapshot = client.register_script(_SNAPSHOT)
+
+    @classmethod
+    def from_url(
+        cls, url: str | SecretStr, *, prefix: str = DEFAULT_PREFIX, timeout: float = 5.0
+    ) -> RedisCapacityCache:
+        """A cache with its own connection pool; close it with `aclose` (or ``async with``).
+
+        Retries are few and short: a dead Redis should become `Unavailable` (and a
+        nak with backoff on the bus) within a second, not after redis-py's default
+        ten attempts.
+        """
+        raw_url = url.get_secret_value() if isinstance(url, SecretStr) else url
+        client = Redis.from_url(
+            raw_url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=2),
+            decode_responses=False,
+        )
+        return cls(client, prefix=prefix)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def __aenter__(self) -> RedisCapacityCache:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def _key(self, kind: str, cluster: str) -> str:
+        return f"{self._prefix}{kind}:{cluster}"
+
+    async def put(self, record: ClusterCapacity) -> None:
+        body = record.model_dump_json(exclude={"reserved"})
+        with _unavailable(f"put {record.cluster}"):
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.set(self._key("cluster", record.cluster), body)
+                pipe.sadd(f"{self._prefix}clusters", record.cluster)
+                await pipe.execute()
+
+    async def remove(self, cluster: str) -> None:
+        with _unavailable(f"remove {cluster}"):
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.delete(
+                    self._key("cluster", cluster),
+                    self._key("reservations", cluster),
+                    self._key("expiry", cluster),
+                )
+                pipe.srem(f"{self._prefix}clusters", cluster)
+                await pipe.execute()
+
+    async def _read(
+        self, clusters: Iterable[str] | None
+    ) -> tuple[float, list[tuple[ClusterCapacity, list[Reservation]]]]:
+        names = [] if clusters is None else list(clusters)
+        if clusters is not None and not names:
+            with _unavailable("snapshot"):
+                seconds, micros = await self._client.time()
+            return seconds + micros / 1e6, []
+        with _unavailable("snapshot"):
+            reply = await self._snapshot(
+                keys=[f"{self._prefix}clusters"], args=[self._prefix, *names]
+            )
+        taken_at = int(reply[0]) + int(reply[1]) / 1e6
+        out = []
+        for name, raw, held in reply[2:]:
+            cluster = name.decode()
+            record = ClusterCapacity.model_validate_json(raw)
+            reservations = []
+            for i in range(0, len(held), 3):
+                body = json.loads(held[i + 1])
+                reservations.append(
+                    Reservation(
+                        id=held[i].decode(),
+                        cluster=cluster,
+                        requests=body["requests"],
+                        replicas=body["replicas"],
+                        expires_at=float(held[i + 2]),
+                    )
+                )
+            out.append((record, reservations))
+        return taken_at, out
+
+    async def snapshot(self, clusters: Iterable[str] | None = None) -> Snapshot:
+        taken_at, read = await self._read(clusters)
+        records = {
+            record.cluster: record.model_copy(
+                update={"reserved": add(*(r.total for r in reservations))}
+            )
+            for record, reservations in read
+        }
+        return Snapshot(clusters=records, taken_at=taken_at)
+
+    async def reserve(
+        self,
+        cluster: str,
+        reservation_id: str,
+        per_replica: Requests,
+        replicas: int,
+        ttl: float,
+    ) -> bool:
+        _validate_reservation(per_replica, replicas, ttl)
+        body = json.dumps(
+            {"requests": dict(per_replica), "replicas": replicas}, separators=(",", ":")
+        )
+        with _unavailable(f"reserve on {cluster}"):
+            done = await self._reserve(
+                keys=[
+                    self._key("cluster", cluster),
+                    self._key("reservations", cluster),
+                    self._key("expiry", cluster),
+                ],
+                args=[reservation_id, body, repr(float(ttl))],
+            )
+        return bool(done)
+
+    async def release(self, cluster: str, reservation_id: str) -> None:
+        with _unavailable(f"release on {cluster}"):
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.hdel(self._key("reservations", cluster), reservation_id)
+                pipe.zrem(self._key("expiry", cluster), reservation_id)
+                await pipe.execute()
+
+    async def reservations(self, cluster: str) -> list[Reservation]:
+        _, read = await self._read([cluster])
+        return sorted((r for _, held in read for r in held), key=lambda r: r.expires_at)
+
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "PODS",
+    "UNBOUNDED",
+    "CapacityCache",
+    "ClusterCapacity",
+    "FakeCapacityCache",
+    "NodeCapacity",
+    "RedisCapacityCache",
+    "Requests",
+    "Reservation",
+    "Snapshot",
+    "add",
+    "fit_replicas",
+    "pod_shape",
+    "scale",
+]

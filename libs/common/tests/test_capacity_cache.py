@@ -1,0 +1,300 @@
+"""The capacity cache adapters: the Redis one against a real Redis, and the fake.
+
+Behaviour tests run against both (`cache` is parametrized), which is what keeps the
+fake honest for the other services' unit tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from flotilla.common import capacity
+from flotilla.common.capacity import (
+    CapacityCache,
+    ClusterCapacity,
+    FakeCapacityCache,
+    NodeCapacity,
+    RedisCapacityCache,
+)
+from flotilla.common.errors import Unavailable
+from flotilla.common.infra import RedisServer
+
+pytestmark = pytest.mark.integration
+
+
+def record(name: str, *node_free: dict[str, int], observed_at: float = 100.0) -> ClusterCapacity:
+    nodes = [
+        NodeCapacity(name=f"{name}-n{i}", allocatable=dict(free), free=dict(free))
+        for i, free in enumerate(node_free)
+    ]
+    total = capacity.add(*node_free)
+    return ClusterCapacity(
+        cluster=name,
+        allocatable=total,
+        available=total,
+        nodes=nodes,
+        observed_at=observed_at,
+    )
+
+
+async def eventually(check: Callable[[], Awaitable[bool]]) -> None:
+    """Bounded polling on a condition that lives in Redis (no event to wait on)."""
+    async with asyncio.timeout(5):
+        while True:
+            if await check():
+                return
+            await asyncio.sleep(0.02)
+
+
+@pytest.fixture(params=["redis", "fake"])
+async def cache(
+    request: pytest.FixtureRequest, redis_server: RedisServer, unique: str
+) -> AsyncIterator[CapacityCache]:
+    if request.param == "fake":
+        yield FakeCapacityCache()
+        return
+    async with RedisCapacityCache.from_url(
+        redis_server.url, prefix=f"test:{unique}:capacity:"
+    ) as redis_cache:
+        yield redis_cache
+
+
+async def test_put_snapshot_round_trip(cache: CapacityCache) -> None:
+    east = record("east", {"cpu": 4000, "memory": 2**34, "pods": 110})
+    west = record("west", {"cpu": 2000, "pods": 10}, {"cpu": 1000, "pods": 10})
+    await cache.put(east)
+    await cache.put(west.model_copy(update={"reserved": {"cpu": 999}}))
+
+    snap = await cache.snapshot()
+    assert snap.clusters == {"east": east, "west": west}
+    assert snap.taken_at == pytest.approx(time.time(), abs=5)
+
+    only = await cache.snapshot(["west", "gone"])
+    assert list(only.clusters) == ["west"]
+    assert (await cache.snapshot([])).clusters == {}
+
+
+async def test_put_replaces_record_but_keeps_reservations(cache: CapacityCache) -> None:
+    await cache.put(record("c", {"cpu": 4000, "pods": 10}))
+    assert await cache.reserve("c", "r1", {"cpu": 1000}, 2, ttl=60)
+    await cache.put(record("c", {"cpu": 3000, "pods": 10}, observed_at=200.0))
+    current = (await cache.snapshot()).clusters["c"]
+    assert current.observed_at == 200.0
+    assert current.reserved == {"cpu": 2000, "pods": 2}
+    assert current.fit_replicas({"cpu": 1000}) == 1
+
+
+async def test_fragmentation_is_respected(cache: CapacityCache) -> None:
+    await cache.put(record("c", {"cpu": 3000, "pods": 10}, {"cpu": 3000, "pods": 10}))
+    assert not await cache.reserve("c", "big", {"cpu": 4000}, 1, ttl=60)
+    assert await cache.reserve("c", "small", {"cpu": 1500}, 4, ttl=60)
+    assert not await cache.reserve("c", "one-more", {"cpu": 1}, 1, ttl=60)
+
+
+async def test_reservations_reduce_fit_and_expire(cache: CapacityCache) -> None:
+    await cache.put(record("c", {"cpu": 8000, "pods": 20}))
+    assert await cache.reserve("c", "long", {"cpu": 1000}, 3, ttl=60)
+    assert await cache.reserve("c", "short", {"cpu": 1000}, 4, ttl=0.3)
+
+    snap = await cache.snapshot()
+    assert snap.clusters["c"].reserved == {"cpu": 7000, "pods": 7}
+    assert snap.clusters["c"].fit_replicas({"cpu": 1000}) == 1
+    assert not await cache.reserve("c", "third", {"cpu": 1000}, 2, ttl=60)
+    held = await cache.reservations("c")
+    assert [r.id for r in held] == ["short", "long"]
+    assert held[1].expires_at == pytest.approx(snap.taken_at + 60, abs=1)
+
+    async def short_expired() -> bool:
+        return (await cache.snapshot()).clusters["c"].reserved == {"cpu": 3000, "pods": 3}
+
+    await eventually(short_expired)
+    assert await cache.reserve("c", "third", {"cpu": 1000}, 2, ttl=60)
+    assert [r.id for r in await cache.reservations("c")] == ["long", "third"]
+
+
+async def test_release(cache: CapacityCache) -> None:
+    await cache.put(record("c", {"cpu": 2000, "pods": 10}))
+    assert await cache.reserve("c", "r1", {"cpu": 2000}, 1, ttl=60)
+    assert not await cache.reserve("c", "r2", {"cpu": 2000}, 1, ttl=60)
+    await cache.release("c", "r1")
+    await cache.release("c", "never-held")
+    assert (await cache.snapshot()).clusters["c"].reserved == {}
+    assert await cache.reserve("c", "r2", {"cpu": 2000}, 1, ttl=60)
+
+
+async def test_re_reserving_an_id_replaces_it(cache: CapacityCache) -> None:
+    await cache.put(record("c", {"cpu": 4000, "pods": 10}))
+    for _ in range(3):
+        assert await cache.reserve("c", "same", {"cpu": 1000}, 3, ttl=60)
+    assert (await cache.snapshot()).clusters["c"].reserved == {"cpu": 3000, "pods": 3}
+    # Growing to 4 fits only because the old 3 are not counted against it.
+    assert await cache.reserve("c", "same", {"cpu": 1000}, 4, ttl=60)
+    assert (await cache.snapshot()).clusters["c"].reserved == {"cpu": 4000, "pods": 4}
+
+
+async def test_a_refused_reservation_changes_nothing(cache: CapacityCache) -> None:
+    await cache.put(record("c", {"cpu": 4000, "pods": 10}))
+    assert await cache.reserve("c", "r", {"cpu": 1000}, 2, ttl=60)
+    assert not await cache.reserve("c", "r", {"cpu": 1000}, 5, ttl=60)
+    [held] = await cache.reservations("c")
+    assert (held.requests, held.replicas) == ({"cpu": 1000}, 2)
+
+
+async def test_unknown_and_removed_clusters_fit_nothing(cache: CapacityCache) -> None:
+    assert not await cache.reserve("nowhere", "r", {"cpu": 1}, 1, ttl=60)
+    await cache.put(record("c", {"cpu": 4000, "pods": 10}))
+    assert await cache.reserve("c", "r", {"cpu": 1000}, 1, ttl=60)
+    await cache.remove("c")
+    assert (await cache.snapshot()).clusters == {}
+    assert await cache.reservations("c") == []
+    await cache.put(record("c", {"cpu": 4000, "pods": 10}))
+    assert (await cache.snapshot()).clusters["c"].reserved == {}
+
+
+async def test_zero_replicas_and_pod_slots(cache: CapacityCache) -> None:
+    await cache.put(record("c", {"cpu": 4000, "pods": 2}))
+    assert await cache.reserve("c", "none", {"cpu": 1_000_000}, 0, ttl=60)
+    assert await cache.reserve("c", "tiny", {}, 2, ttl=60)
+    assert not await cache.reserve("c", "more", {"cpu": 1}, 1, ttl=60)
+
+
+@pytest.mark.parametrize(
+    ("per_replica", "replicas", "ttl"),
+    [({"cpu": -1}, 1, 60.0), ({"cpu": 1}, -1, 60.0), ({"cpu": 1}, 1, 0.0)],
+    ids=["negative-request", "negative-replicas", "zero-ttl"],
+)
+async def test_invalid_reservations_are_rejected(
+    cache: CapacityCache, per_replica: dict[str, int], replicas: int, ttl: float
+) -> None:
+    with pytest.raises(ValueError, match=r"negative|positive"):
+        await cache.reserve("c", "r", per_replica, replicas, ttl)
+
+
+async def test_concurrent_reservers_never_exceed_capacity(
+    redis_server: RedisServer, unique: str
+) -> None:
+    """Two scheduler replicas, each on its own connection, race for one cluster."""
+    prefix = f"test:{unique}:race:"
+    async with (
+        RedisCapacityCache.from_url(redis_server.url, prefix=prefix) as first,
+        RedisCapacityCache.from_url(redis_server.url, prefix=prefix) as second,
+    ):
+        for seed in range(8):
+            rng = random.Random(seed)
+            name = f"c{seed}"
+            nodes = [
+                {"cpu": rng.randrange(1000, 8000), "memory": rng.randrange(4, 32), "pods": 8}
+                for _ in range(rng.randrange(1, 4))
+            ]
+            await first.put(record(name, *nodes))
+
+            async def hammer(
+                cache: RedisCapacityCache, who: str, rng: random.Random, name: str = name
+            ) -> int:
+                granted = 0
+                for i in range(40):
+                    shape = {"cpu": rng.randrange(100, 2000), "memory": rng.randrange(0, 4)}
+                    granted += await cache.reserve(
+                        name, f"{who}-{i}", shape, rng.randrange(1, 4), ttl=60
+                    )
+                return granted
+
+            granted = await asyncio.gather(
+                hammer(first, "a", random.Random(seed * 2)),
+                hammer(second, "b", random.Random(seed * 2 + 1)),
+            )
+            current = (await second.snapshot([name])).clusters[name]
+            held = await first.reservations(name)
+            assert len(held) == sum(granted) > 0
+            assert current.reserved == capacity.add(*(r.total for r in held))
+            for resource, amount in current.reserved.items():
+                assert amount <= current.available[resource], (seed, resource)
+            # The race was real: the cluster filled up and turned reservers away.
+            assert sum(granted) < 80
+
+
+async def test_matches_the_fake_on_random_operation_sequences(
+    redis_server: RedisServer, unique: str
+) -> None:
+    rng = random.Random(20261129)
+    fake = FakeCapacityCache()
+    async with RedisCapacityCache.from_url(redis_server.url, prefix=f"test:{unique}:diff:") as real:
+        for step in range(300):
+            cluster = rng.choice(["a", "b", "c"])
+            op = rng.random()
+            if op < 0.1:
+                nodes = [
+                    {"cpu": rng.randrange(0, 6000), "gpu": rng.randrange(0, 3), "pods": 6}
+                    for _ in range(rng.randrange(0, 4))
+                ]
+                for cache in (fake, real):
+                    await cache.put(record(cluster, *nodes))
+            elif op < 0.13:
+                for cache in (fake, real):
+                    await cache.remove(cluster)
+            elif op < 0.25:
+                rid = f"r{rng.randrange(10)}"
+                for cache in (fake, real):
+                    await cache.release(cluster, rid)
+            else:
+                args = (
+                    cluster,
+                    f"r{rng.randrange(10)}",
+                    {"cpu": rng.randrange(0, 3000), "gpu": rng.choice([0, 0, 1])},
+                    rng.randrange(0, 4),
+                )
+                expected = await fake.reserve(*args, ttl=600)
+                assert await real.reserve(*args, ttl=600) == expected, step
+            real_snap, fake_snap = await real.snapshot(), await fake.snapshot()
+            assert real_snap.clusters == fake_snap.clusters, step
+
+
+async def test_redis_down_is_unavailable_and_recovery_needs_no_restart(
+    fresh_redis: RedisServer,
+) -> None:
+    async with RedisCapacityCache.from_url(fresh_redis.url, timeout=1.0) as cache:
+        await cache.put(record("c", {"cpu": 4000, "pods": 10}))
+        assert await cache.reserve("c", "r", {"cpu": 1000}, 1, ttl=60)
+
+        fresh_redis.kill()
+        calls: list[Callable[[], Awaitable[object]]] = [
+            lambda: cache.snapshot(),
+            lambda: cache.reserve("c", "r2", {"cpu": 1}, 1, ttl=60),
+            lambda: cache.put(record("c", {"cpu": 1, "pods": 1})),
+            lambda: cache.release("c", "r"),
+            lambda: cache.remove("c"),
+        ]
+        for call in calls:
+            with pytest.raises(Unavailable) as caught:
+                await call()
+            assert caught.value.__cause__ is not None
+
+        # A restarted Redis is empty (no persistence) and has forgotten the scripts:
+        # the same cache object reconnects and reloads them on its own.
+        fresh_redis.start()
+        await cache.put(record("c", {"cpu": 4000, "pods": 10}))
+        assert await cache.reserve("c", "r", {"cpu": 1000}, 4, ttl=60)
+        assert (await cache.snapshot()).clusters["c"].reserved == {"cpu": 4000, "pods": 4}
+
+
+def test_fake_can_play_a_dead_redis() -> None:
+    fake = FakeCapacityCache()
+    fake.unavailable = True
+    with pytest.raises(Unavailable):
+        asyncio.run(fake.snapshot())
+
+
+async def test_fake_expiry_follows_its_clock() -> None:
+    now = [1000.0]
+    fake = FakeCapacityCache(clock=lambda: now[0])
+    await fake.put(record("c", {"cpu": 1000, "pods": 1}))
+    assert await fake.reserve("c", "r", {"cpu": 1000}, 1, ttl=10)
+    assert not await fake.reserve("c", "s", {"cpu": 1000}, 1, ttl=10)
+    now[0] += 10
+    assert await fake.reserve("c", "s", {"cpu": 1000}, 1, ttl=10)
+    assert (await fake.snapshot()).taken_at == 1010.0
