@@ -596,6 +596,8 @@ class Store:
             else:
                 new.pop("status", None)
             new["metadata"] = dict(cur_meta)
+            if "managedFields" in meta_in:
+                new["metadata"]["managedFields"] = clone(meta_in["managedFields"])
         elif subresource is None:
             new = clone(obj)
             new["apiVersion"] = rt.api_version

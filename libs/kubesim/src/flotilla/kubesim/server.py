@@ -1,0 +1,879 @@
+"""The kubesim HTTP API server: Kubernetes REST semantics over the in-memory store.
+
+`KubeSim` is one simulated cluster: a `Store`, an aiohttp app speaking the
+Kubernetes API (discovery, CRUD, list/watch, patch, apply, status subresources,
+CRDs), bearer-token auth, fault injection under `/sim/v1`, and — unless it is a hub
+— the cluster simulator from `flotilla.kubesim.sim`. Several can run in one event
+loop; `flotilla-kubesim` runs one per process.
+
+Routing is a single catch-all handler that parses the path itself, because the
+served kinds change at runtime (CRDs) and aiohttp's router is frozen once the app
+starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import logging
+import os
+import secrets
+import tempfile
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from aiohttp import web
+
+from flotilla.kubesim import apply as ssa
+from flotilla.kubesim import patch as patches
+from flotilla.kubesim.errors import ApiError, bad_request, reason_for
+from flotilla.kubesim.resources import ResourceType
+from flotilla.kubesim.selectors import parse_field_selector, parse_label_selector
+from flotilla.kubesim.store import Store, now_rfc3339
+from flotilla.kubesim.watch import Watcher, WatchHub, encode_event, encode_record
+
+if TYPE_CHECKING:
+    from flotilla.kubesim.sim import SimOptions, Simulator
+
+log = logging.getLogger(__name__)
+
+BODY_LIMIT = 3 * 1024 * 1024
+KUBERNETES_VERSION = {"major": "1", "minor": "31", "gitVersion": "v1.31.0-kubesim"}
+_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+_JSON_TYPES = ("application/json", "*/*")
+_YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
+# Upstream returns the deleted object for these; a Status for everything else.
+_RETURNS_DELETED = frozenset({("", "Pod"), ("", "Namespace")})
+_UNAUTHENTICATED = frozenset({"/healthz", "/livez", "/readyz"})
+# How often an idle watch checks whether its client went away.
+_WATCH_POLL_SECONDS = 2.0
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+try:
+    _YamlLoader: Any = yaml.CSafeLoader
+except AttributeError:  # pragma: no cover - libyaml is optional
+    _YamlLoader = yaml.SafeLoader
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(body=_dumps(obj), status=status, content_type="application/json")
+
+
+def _status_response(error: ApiError) -> web.Response:
+    return _json(error.status(), error.code)
+
+
+def _success(rt: ResourceType, obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata", {})
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "details": {
+            "name": meta.get("name"),
+            "group": rt.group,
+            "kind": rt.plural,
+            "uid": meta.get("uid"),
+        },
+    }
+
+
+def _versioned(rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+    if rt.custom and obj.get("apiVersion") != rt.api_version:
+        return {**obj, "apiVersion": rt.api_version}
+    return obj
+
+
+def _bool_param(value: str | None) -> bool:
+    return value is not None and value.lower() in ("true", "1")
+
+
+def _int_param(query: Mapping[str, str], name: str) -> int | None:
+    value = query.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise bad_request(f"{name} must be an integer, got {value!r}") from None
+
+
+def _encode_continue(rv: int, key: tuple[str, str]) -> str:
+    raw = json.dumps({"rv": rv, "start": list(key)}).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _decode_continue(token: str) -> tuple[int, tuple[str, str]]:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return int(data["rv"]), (str(data["start"][0]), str(data["start"][1]))
+    except (ValueError, KeyError, IndexError, TypeError, binascii.Error):
+        raise bad_request("invalid continue token") from None
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj["metadata"]
+    return (meta.get("namespace") or "", meta["name"])
+
+
+def default_field_manager(request: web.Request) -> str:
+    """Upstream's default: the user agent's program name (`kubectl`, `OpenAPI-Generator`)."""
+    agent = request.headers.get("User-Agent", "")
+    return agent.split("/", 1)[0].strip() or "unknown"
+
+
+class KubeSim:
+    """One simulated Kubernetes cluster (or a bare API server when `hub=True`)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        port: int = 0,
+        token: str | None = None,
+        hub: bool = False,
+        sim: SimOptions | None = None,
+        watch_window: int = 1000,
+        host: str = "127.0.0.1",
+        bookmark_interval: float = 60.0,
+    ) -> None:
+        self.name = name
+        self.port = port
+        self.host = host
+        self.hub = hub
+        self.token = token or secrets.token_urlsafe(24)
+        self.store = Store(watch_window=watch_window)
+        self.url = ""
+        self.bookmark_interval = bookmark_interval
+        self.simulator: Simulator | None = None
+        self._sim_options = sim
+        self._down = False
+        self._latency_ms = 0
+        self._watches = WatchHub()
+        self._runner: web.AppRunner | None = None
+        self._requests = 0
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> str:
+        if self._runner is not None:
+            return self.url
+        if not self.hub and self.simulator is None:
+            # Imported here so a hub never loads the simulator.
+            from flotilla.kubesim.sim import SimOptions, Simulator
+
+            self.simulator = Simulator(self.store, self._sim_options or SimOptions(), self.name)
+        app = self._build_app()
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self.host, self.port)
+            await site.start()
+            self.port = int(runner.addresses[0][1])
+            self.url = f"http://{self.host}:{self.port}"
+            self._runner = runner
+            if self.simulator is not None:
+                await self.simulator.start()
+        except BaseException:
+            self._runner = None
+            await runner.cleanup()
+            raise
+        log.info("kubesim %s serving on %s (hub=%s)", self.name, self.url, self.hub)
+        return self.url
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        self._watches.close_all("server stopping")
+        if self.simulator is not None:
+            await self.simulator.stop()
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> KubeSim:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # -- kubeconfig and fault injection --------------------------------------------
+
+    def kubeconfig(self) -> dict[str, Any]:
+        if not self.url:
+            raise RuntimeError("kubesim is not started; the kubeconfig needs its URL")
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": self.name, "cluster": {"server": self.url}}],
+            "users": [{"name": self.name, "user": {"token": self.token}}],
+            "contexts": [{"name": self.name, "context": {"cluster": self.name, "user": self.name}}],
+            "current-context": self.name,
+            "preferences": {},
+        }
+
+    def write_kubeconfig(self, path: str | Path) -> None:
+        """Write atomically, so a reader polling for the file never sees half of it."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        try:
+            with os.fdopen(fd, "w") as handle:
+                yaml.safe_dump(self.kubeconfig(), handle, sort_keys=False)
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    async def set_outage(self, down: bool) -> None:
+        self._down = down
+        if down:
+            self._watches.close_all("outage")
+
+    def set_latency(self, ms: int) -> None:
+        self._latency_ms = max(0, int(ms))
+
+    @property
+    def down(self) -> bool:
+        return self._down
+
+    def stats(self) -> dict[str, Any]:
+        pods_by_phase: dict[str, int] = {}
+        pods = self.store.resource_type("v1", "Pod")
+        for pod in self.store.iter_frozen(pods):
+            phase = (pod.get("status") or {}).get("phase") or "Unknown"
+            pods_by_phase[phase] = pods_by_phase.get(phase, 0) + 1
+        out: dict[str, Any] = {
+            "name": self.name,
+            "hub": self.hub,
+            "down": self._down,
+            "latencyMs": self._latency_ms,
+            "resourceVersion": self.store.resource_version,
+            "objects": self.store.counts(),
+            "podsByPhase": pods_by_phase,
+            "watches": len(self._watches),
+            "requests": self._requests,
+        }
+        if self.simulator is not None:
+            out.update(self.simulator.stats())
+        return out
+
+    # -- app -------------------------------------------------------------------------
+
+    def _build_app(self) -> web.Application:
+        # Bodies are read and capped by `_read_body`, which answers with a Status.
+        app = web.Application(middlewares=[self._middleware], client_max_size=BODY_LIMIT * 4)
+        app.router.add_get("/sim/v1/stats", self._handle_stats)
+        app.router.add_post("/sim/v1/outage", self._handle_outage)
+        app.router.add_post("/sim/v1/latency", self._handle_latency)
+        if self.simulator is not None:
+            app.add_routes(self.simulator.routes())
+        app.router.add_route("*", "/{tail:.*}", self._handle_api)
+        return app
+
+    def _authorized(self, request: web.Request) -> bool:
+        header = request.headers.get("Authorization", "")
+        scheme, _, credential = header.partition(" ")
+        return scheme.lower() == "bearer" and secrets.compare_digest(
+            credential.strip().encode(), self.token.encode()
+        )
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            if request.path in _UNAUTHENTICATED:
+                return web.Response(text="ok")
+            if not self._authorized(request):
+                raise ApiError(401, "Unauthorized", "Unauthorized")
+            if not request.path.startswith("/sim/"):
+                self._requests += 1
+                if self._latency_ms:
+                    await asyncio.sleep(self._latency_ms / 1000)
+                if self._down:
+                    raise ApiError(
+                        503,
+                        "ServiceUnavailable",
+                        f"kubesim {self.name} is in a simulated outage",
+                    )
+            return await handler(request)
+        except ApiError as error:
+            return _status_response(error)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return _status_response(ApiError(exc.status, reason_for(exc.status), exc.reason))
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            log.exception("kubesim %s: %s %s failed", self.name, request.method, request.path)
+            return _status_response(ApiError(500, "InternalError", f"internal error: {exc}"))
+
+    # -- /sim/v1 --------------------------------------------------------------------
+
+    async def _handle_stats(self, request: web.Request) -> web.Response:
+        return _json(self.stats())
+
+    async def _handle_outage(self, request: web.Request) -> web.Response:
+        body = self._decode(await self._read_body(request), "application/json")
+        if not isinstance(body, dict) or not isinstance(body.get("down"), bool):
+            raise bad_request('expected {"down": true|false}')
+        await self.set_outage(body["down"])
+        return _json({"down": self._down})
+
+    async def _handle_latency(self, request: web.Request) -> web.Response:
+        body = self._decode(await self._read_body(request), "application/json")
+        ms = body.get("ms") if isinstance(body, dict) else None
+        if not isinstance(ms, int) or isinstance(ms, bool) or ms < 0:
+            raise bad_request('expected {"ms": <non-negative integer>}')
+        self.set_latency(ms)
+        return _json({"ms": self._latency_ms})
+
+    # -- bodies ------------------------------------------------------------------------
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        if request.content_length is not None and request.content_length > BODY_LIMIT:
+            raise ApiError(
+                413, "RequestEntityTooLarge", f"the request body exceeds {BODY_LIMIT} bytes"
+            )
+        data = bytearray()
+        async for chunk in request.content.iter_chunked(1 << 16):
+            data += chunk
+            if len(data) > BODY_LIMIT:
+                raise ApiError(
+                    413, "RequestEntityTooLarge", f"the request body exceeds {BODY_LIMIT} bytes"
+                )
+        return bytes(data)
+
+    @staticmethod
+    def _content_type(request: web.Request) -> str:
+        if "Content-Type" not in request.headers:
+            return "application/json"
+        return request.content_type.lower()
+
+    @staticmethod
+    def _decode(raw: bytes, content_type: str) -> Any:
+        if not raw.strip():
+            raise bad_request("the request body is empty")
+        try:
+            if content_type in _YAML_TYPES or content_type == patches.APPLY_PATCH:
+                return yaml.load(raw, Loader=_YamlLoader)  # noqa: S506 - a safe loader
+            return json.loads(raw)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise bad_request(f"the request body could not be decoded: {exc}") from exc
+
+    async def _read_object(self, request: web.Request, rt: ResourceType) -> dict[str, Any]:
+        content_type = self._content_type(request)
+        if content_type not in _JSON_TYPES and content_type not in _YAML_TYPES:
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an unknown format - accepted media types "
+                f"include: application/json, application/yaml (got {content_type!r})",
+            )
+        obj = self._decode(await self._read_body(request), content_type)
+        return self._check_object(obj, rt)
+
+    @staticmethod
+    def _check_object(obj: Any, rt: ResourceType) -> dict[str, Any]:
+        if not isinstance(obj, dict):
+            raise bad_request("the request body must be a JSON object")
+        kind, api_version = obj.get("kind"), obj.get("apiVersion")
+        if kind not in (None, "", rt.kind) or api_version not in (None, "", rt.api_version):
+            raise bad_request(
+                f"the API version in the data ({api_version}) and kind ({kind}) do not match "
+                f"the endpoint ({rt.api_version} {rt.kind})"
+            )
+        meta = obj.setdefault("metadata", {})
+        if not isinstance(meta, dict):
+            raise bad_request("metadata must be an object")
+        return obj
+
+    @staticmethod
+    def _place(
+        obj: dict[str, Any], rt: ResourceType, namespace: str | None, name: str | None
+    ) -> None:
+        """Reconcile the body's name/namespace with the URL's, like upstream."""
+        meta = obj["metadata"]
+        if rt.namespaced and namespace is not None:
+            if meta.get("namespace") and meta["namespace"] != namespace:
+                raise bad_request(
+                    "the namespace of the provided object does not match the namespace sent "
+                    "on the request"
+                )
+            meta["namespace"] = namespace
+        if name is not None:
+            if meta.get("name") and meta["name"] != name:
+                raise bad_request("the name of the object does not match the name on the URL")
+            meta["name"] = name
+
+    # -- routing -------------------------------------------------------------------------
+
+    async def _handle_api(self, request: web.Request) -> web.StreamResponse:
+        segments = [s for s in request.path.split("/") if s]
+        if segments == ["version"]:
+            return _json({**KUBERNETES_VERSION, "platform": "linux/amd64"})
+        if not segments or segments[0] not in ("api", "apis"):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if segments[0] == "api":
+            if len(segments) == 1:
+                return _json(self._core_versions(request))
+            group, version, rest = "", segments[1], segments[2:]
+        else:
+            if len(segments) == 1:
+                return _json(self._group_list())
+            if len(segments) == 2:
+                return _json(self._group(segments[1]))
+            group, version, rest = segments[1], segments[2], segments[3:]
+        if not rest:
+            if request.method != "GET":
+                raise ApiError(405, "MethodNotAllowed", "discovery is read-only")
+            return _json(self._resource_list(group, version))
+        watch_path = rest[0] == "watch"
+        if watch_path:
+            rest = rest[1:]
+        namespace: str | None = None
+        if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] not in ("status", "finalize"):
+            namespace, rest = rest[1], rest[2:]
+        if not rest or len(rest) > 3:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        rt = self.store.registry.by_plural(group, version, rest[0])
+        if namespace is not None and not rt.namespaced:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        name = rest[1] if len(rest) > 1 else None
+        subresource = rest[2] if len(rest) > 2 else None
+        if subresource is not None and subresource not in rt.subresources - {"scale"}:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        query = request.query
+        if query.get("dryRun"):
+            raise bad_request("dryRun is not supported by kubesim")
+        method = request.method
+        if name is None:
+            if method == "GET":
+                if watch_path or _bool_param(query.get("watch")):
+                    return await self._watch(request, rt, namespace)
+                return self._list(request, rt, namespace)
+            if method == "POST" and (namespace is not None or not rt.namespaced):
+                return await self._create(request, rt, namespace)
+            if method == "DELETE":
+                return await self._delete_collection(request, rt, namespace)
+        elif rt.namespaced and namespace is None:
+            pass
+        elif watch_path and method == "GET" and subresource is None:
+            request = request.clone(
+                rel_url=request.rel_url.update_query({"fieldSelector": f"metadata.name={name}"})
+            )
+            return await self._watch(request, rt, namespace)
+        elif method == "GET":
+            return _json(_versioned(rt, self.store.get_frozen(rt, namespace, name)))
+        elif method == "PUT":
+            return await self._update(request, rt, namespace, name, subresource)
+        elif method == "PATCH":
+            return await self._patch(request, rt, namespace, name, subresource)
+        elif method == "DELETE" and subresource is None:
+            return await self._delete(request, rt, namespace, name)
+        raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {request.path}")
+
+    # -- discovery -------------------------------------------------------------------------
+
+    def _core_versions(self, request: web.Request) -> dict[str, Any]:
+        return {
+            "kind": "APIVersions",
+            "versions": ["v1"],
+            "serverAddressByClientCIDRs": [
+                {"clientCIDR": "0.0.0.0/0", "serverAddress": f"{self.host}:{self.port}"}
+            ],
+        }
+
+    def _group_doc(self, group: str, versions: list[str]) -> dict[str, Any]:
+        entries = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
+        return {"name": group, "versions": entries, "preferredVersion": entries[0]}
+
+    def _group_list(self) -> dict[str, Any]:
+        groups = [
+            self._group_doc(group, versions)
+            for group, versions in self.store.registry.group_versions().items()
+            if group
+        ]
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+
+    def _group(self, group: str) -> dict[str, Any]:
+        versions = self.store.registry.group_versions().get(group)
+        if not group or not versions:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return {"kind": "APIGroup", "apiVersion": "v1", **self._group_doc(group, versions)}
+
+    def _resource_list(self, group: str, version: str) -> dict[str, Any]:
+        if not self.store.registry.has_group_version(group, version):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        entries: list[dict[str, Any]] = []
+        for rt in self.store.registry:
+            if rt.group != group or rt.version != version:
+                continue
+            entry: dict[str, Any] = {
+                "name": rt.plural,
+                "singularName": rt.singular,
+                "namespaced": rt.namespaced,
+                "kind": rt.kind,
+                "verbs": _VERBS,
+            }
+            if rt.short_names:
+                entry["shortNames"] = list(rt.short_names)
+            entries.append(entry)
+            if rt.has_status:
+                entries.append(
+                    {
+                        "name": f"{rt.plural}/status",
+                        "singularName": "",
+                        "namespaced": rt.namespaced,
+                        "kind": rt.kind,
+                        "verbs": ["get", "patch", "update"],
+                    }
+                )
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": f"{group}/{version}" if group else version,
+            "resources": entries,
+        }
+
+    # -- list and watch ------------------------------------------------------------------
+
+    def _list(self, request: web.Request, rt: ResourceType, namespace: str | None) -> web.Response:
+        query = request.query
+        items, rv = self.store.list_frozen(
+            rt, namespace, query.get("labelSelector"), query.get("fieldSelector")
+        )
+        token = query.get("continue")
+        if token:
+            rv, start = _decode_continue(token)
+            items = [obj for obj in items if _key(obj) > start]
+        metadata: dict[str, Any] = {"resourceVersion": str(rv)}
+        limit = _int_param(query, "limit")
+        if limit is not None and limit > 0 and len(items) > limit:
+            remaining = len(items) - limit
+            items = items[:limit]
+            metadata["continue"] = _encode_continue(rv, _key(items[-1]))
+            metadata["remainingItemCount"] = remaining
+        body = {
+            "kind": rt.list_kind,
+            "apiVersion": rt.api_version,
+            "metadata": metadata,
+            "items": [_versioned(rt, obj) for obj in items],
+        }
+        return _json(body)
+
+    async def _watch(
+        self, request: web.Request, rt: ResourceType, namespace: str | None
+    ) -> web.StreamResponse:
+        query = request.query
+        label_selector, field_selector = query.get("labelSelector"), query.get("fieldSelector")
+        watcher = Watcher(
+            rt,
+            namespace,
+            parse_label_selector(label_selector),
+            parse_field_selector(field_selector),
+        )
+        timeout = _int_param(query, "timeoutSeconds")
+        bookmarks = _bool_param(query.get("allowWatchBookmarks"))
+        since = query.get("resourceVersion")
+        api_version = rt.api_version if rt.custom else None
+        initial: list[bytes] = []
+        expired: ApiError | None = None
+        if since in (None, "", "0"):
+            items, _ = self.store.list_frozen(rt, namespace, label_selector, field_selector)
+            initial = [encode_event("ADDED", obj, api_version) for obj in items]
+        else:
+            try:
+                since_rv = int(since)
+            except ValueError:
+                raise bad_request(f"invalid resourceVersion {since!r}") from None
+            try:
+                for record in self.store.history_since(rt, since_rv):
+                    kind = watcher.event_type(record)
+                    if kind is not None:
+                        initial.append(encode_record(record, kind, rt))
+            except ApiError as error:
+                expired = error
+        # Registered in the same synchronous step as the snapshot above: no gap, no dupes.
+        unsubscribe = self.store.add_record_listener(rt, watcher.offer)
+        self._watches.add(watcher)
+        try:
+            response = web.StreamResponse(status=200)
+            response.content_type = "application/json"
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            if expired is not None:
+                await response.write(encode_event("ERROR", expired.status()))
+                return response
+            if initial:
+                await response.write(b"".join(initial))
+            await self._pump(request, response, watcher, rt, timeout, bookmarks)
+            return response
+        except (ConnectionResetError, ConnectionError):
+            return web.Response(status=204)
+        finally:
+            unsubscribe()
+            self._watches.discard(watcher)
+
+    async def _pump(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        watcher: Watcher,
+        rt: ResourceType,
+        timeout_seconds: int | None,
+        bookmarks: bool,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_seconds if timeout_seconds else None
+        next_bookmark = loop.time() + self.bookmark_interval if bookmarks else None
+        while not watcher.closed:
+            wake = loop.time() + _WATCH_POLL_SECONDS
+            for moment in (deadline, next_bookmark):
+                if moment is not None:
+                    wake = min(wake, moment)
+            await watcher.wait(max(0.0, wake - loop.time()))
+            lines = watcher.take()
+            if watcher.closed:
+                break
+            if lines:
+                await response.write(b"".join(lines))
+            now = loop.time()
+            if deadline is not None and now >= deadline:
+                break
+            if next_bookmark is not None and now >= next_bookmark:
+                bookmark = {
+                    "kind": rt.kind,
+                    "apiVersion": rt.api_version,
+                    "metadata": {"resourceVersion": str(self.store.resource_version)},
+                }
+                await response.write(encode_event("BOOKMARK", bookmark))
+                next_bookmark = now + self.bookmark_interval
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                break
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def _manager(self, request: web.Request) -> str:
+        return request.query.get("fieldManager") or default_field_manager(request)
+
+    async def _create(
+        self, request: web.Request, rt: ResourceType, namespace: str | None
+    ) -> web.Response:
+        obj = await self._read_object(request, rt)
+        self._place(obj, rt, namespace, None)
+        if rt.has_status and (rt.group, rt.kind) != ("", "Node"):
+            obj.pop("status", None)
+        obj["metadata"].pop("managedFields", None)
+        ssa.record_update(None, obj, rt=rt, manager=self._manager(request), now=now_rfc3339())
+        created = self.store.create(rt, obj)
+        return _json(created, 201)
+
+    async def _update(
+        self,
+        request: web.Request,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        subresource: str | None,
+    ) -> web.Response:
+        obj = await self._read_object(request, rt)
+        self._place(obj, rt, namespace, name)
+        current = self.store.get_frozen(rt, namespace, name)
+        self._track(request, rt, current, obj, subresource)
+        updated = self.store.update(rt, obj, subresource=subresource)
+        return _json(updated)
+
+    def _track(
+        self,
+        request: web.Request,
+        rt: ResourceType,
+        current: dict[str, Any],
+        new: dict[str, Any],
+        subresource: str | None,
+    ) -> None:
+        """Record in new.metadata.managedFields what this write changes."""
+        if subresource == "status":
+            effective = {**current, "status": new.get("status")}
+        elif rt.has_status:
+            effective = {**new, "status": current.get("status")}
+        else:
+            effective = new
+        effective["metadata"] = dict(new.get("metadata") or {})
+        ssa.record_update(
+            current,
+            effective,
+            rt=rt,
+            manager=self._manager(request),
+            now=now_rfc3339(),
+            subresource=subresource or "",
+        )
+        new["metadata"] = {**(new.get("metadata") or {})}
+        new["metadata"]["managedFields"] = effective["metadata"]["managedFields"]
+
+    async def _patch(
+        self,
+        request: web.Request,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        subresource: str | None,
+    ) -> web.Response:
+        content_type = self._content_type(request)
+        if content_type not in patches.PATCH_TYPES:
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an unknown format - accepted media types "
+                f"include: {', '.join(patches.PATCH_TYPES)} (got {content_type!r})",
+            )
+        if content_type == patches.STRATEGIC_PATCH and rt.custom:
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                "strategic merge patch is not supported for custom resources; use "
+                "application/merge-patch+json or application/json-patch+json",
+            )
+        raw = await self._read_body(request)
+        body = self._decode(raw, content_type)
+        if content_type == patches.APPLY_PATCH:
+            return self._apply(request, rt, namespace, name, subresource, body)
+        current = self.store.get_frozen(rt, namespace, name)
+        if content_type == patches.MERGE_PATCH:
+            if not isinstance(body, dict):
+                raise bad_request("a merge patch must be a JSON object")
+            new = patches.merge_patch(current, body)
+        elif content_type == patches.JSON_PATCH:
+            new = patches.json_patch(current, body)
+        else:
+            if not isinstance(body, dict):
+                raise bad_request("a strategic merge patch must be a JSON object")
+            new = patches.strategic_merge_patch(current, body)
+        if not isinstance(new, dict) or not isinstance(new.get("metadata"), dict):
+            raise ApiError(422, "Invalid", "the patch removed the object's metadata")
+        meta = new["metadata"]
+        for key, value in (("name", name), ("namespace", current["metadata"].get("namespace"))):
+            if meta.get(key) != value:
+                raise ApiError(422, "Invalid", f"metadata.{key}: Invalid value: field is immutable")
+        self._track(request, rt, current, new, subresource)
+        updated = self.store.update(rt, new, subresource=subresource)
+        return _json(updated)
+
+    def _apply(
+        self,
+        request: web.Request,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        subresource: str | None,
+        body: Any,
+    ) -> web.Response:
+        applied = self._check_object(body, rt)
+        if not applied.get("apiVersion") or not applied.get("kind"):
+            raise bad_request("apply requires apiVersion and kind in the applied configuration")
+        self._place(applied, rt, namespace, name)
+        manager = request.query.get("fieldManager")
+        if not manager:
+            raise ApiError(
+                422, "Invalid", "fieldManager: Required value: is required for apply patch"
+            )
+        force = _bool_param(request.query.get("force"))
+        try:
+            live: dict[str, Any] | None = self.store.get_frozen(rt, namespace, name)
+        except ApiError as error:
+            if error.code != 404 or subresource is not None:
+                raise
+            live = None
+        result = ssa.apply(
+            live,
+            applied,
+            rt=rt,
+            manager=manager,
+            force=force,
+            now=now_rfc3339(),
+            subresource=subresource or "",
+        )
+        if live is None:
+            return _json(self.store.create(rt, result), 201)
+        return _json(self.store.update(rt, result, subresource=subresource))
+
+    # -- deletes ---------------------------------------------------------------------------
+
+    async def _delete_options(self, request: web.Request) -> tuple[str, dict[str, Any] | None]:
+        options: dict[str, Any] = {}
+        raw = await self._read_body(request)
+        if raw.strip():
+            decoded = self._decode(raw, "application/json")
+            if not isinstance(decoded, dict):
+                raise bad_request("DeleteOptions must be a JSON object")
+            options = decoded
+        query = request.query
+        propagation = query.get("propagationPolicy") or options.get("propagationPolicy")
+        orphan = query.get("orphanDependents")
+        orphan_flag = _bool_param(orphan) if orphan is not None else options.get("orphanDependents")
+        if propagation is None:
+            propagation = "Orphan" if orphan_flag else "Background"
+        preconditions = options.get("preconditions")
+        return str(propagation), preconditions if isinstance(preconditions, dict) else None
+
+    async def _delete(
+        self, request: web.Request, rt: ResourceType, namespace: str | None, name: str
+    ) -> web.Response:
+        propagation, preconditions = await self._delete_options(request)
+        before = self.store.get_frozen(rt, namespace, name)
+        result = self.store.delete(
+            rt, namespace, name, propagation=propagation, preconditions=preconditions
+        )
+        try:
+            still = self.store.get_frozen(rt, namespace, name)
+        except ApiError:
+            still = None
+        if still is not None and still["metadata"]["uid"] == before["metadata"]["uid"]:
+            return _json(_versioned(rt, still))
+        if rt.custom or (rt.group, rt.kind) in _RETURNS_DELETED:
+            return _json(result)
+        return _json(_success(rt, before))
+
+    async def _delete_collection(
+        self, request: web.Request, rt: ResourceType, namespace: str | None
+    ) -> web.Response:
+        propagation, _ = await self._delete_options(request)
+        query = request.query
+        items, _ = self.store.list_frozen(
+            rt, namespace, query.get("labelSelector"), query.get("fieldSelector")
+        )
+        deleted = []
+        for obj in items:
+            meta = obj["metadata"]
+            try:
+                deleted.append(
+                    self.store.delete(
+                        rt, meta.get("namespace"), meta["name"], propagation=propagation
+                    )
+                )
+            except ApiError as error:
+                if error.code != 404:
+                    raise
+        body = {
+            "kind": rt.list_kind,
+            "apiVersion": rt.api_version,
+            "metadata": {"resourceVersion": str(self.store.resource_version)},
+            "items": deleted,
+        }
+        return _json(body)
