@@ -1,0 +1,225 @@
+"""OpenTelemetry tracing for every service: one trace per hub change, across NATS.
+
+`setup` configures the SDK once per process from the standard ``OTEL_*`` variables;
+`inject` / `extract` carry W3C trace context in NATS message headers; and
+`publish_span` / `process_span` open PRODUCER / CONSUMER spans carrying the OTel
+messaging semantic-convention attributes, so the bus adapter needs no OTel
+knowledge beyond these four names. (No maintained OTel instrumentation exists for
+nats-py, hence these few helpers.)
+
+Exporter choice, in the order the SDK's own auto-configuration would apply it:
+
+* ``OTEL_SDK_DISABLED=true`` → no exporter (the SDK hands out no-op tracers);
+* ``OTEL_TRACES_EXPORTER=none`` → no exporter; ``=console`` → spans to stdout;
+* ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT`` set →
+  OTLP over HTTP/protobuf (the exporter reads endpoint, headers, timeout and
+  compression from those variables itself);
+* otherwise no exporter: a developer's laptop does not spam connection errors
+  to a collector that is not there.
+
+Sampling (``OTEL_TRACES_SAMPLER``), batching (``OTEL_BSP_*``) and resource
+attributes (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``, which wins over the
+name passed in, so an operator can rename a replica) are honoured by the SDK.
+
+``messaging.operation.type`` follows the current conventions: ``send`` for
+publishing (``publish`` is its deprecated older name, kept as
+``messaging.operation.name``, NATS's own word for the operation) and ``process``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
+from typing import Literal
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.propagators.textmap import Getter
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SpanExporter,
+)
+from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
+
+MESSAGING_SYSTEM = "messaging.system"
+MESSAGING_DESTINATION_NAME = "messaging.destination.name"
+MESSAGING_OPERATION_TYPE = "messaging.operation.type"
+MESSAGING_OPERATION_NAME = "messaging.operation.name"
+MESSAGING_MESSAGE_ID = "messaging.message.id"
+MESSAGING_CONSUMER_GROUP_NAME = "messaging.consumer.group.name"
+NATS = "nats"
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_lock = threading.Lock()
+_provider: TracerProvider | None = None
+
+
+def _env(name: str) -> str:
+    return os.environ.get(name, "").strip()
+
+
+def exporter_from_env() -> SpanExporter | None:
+    """The span exporter the ``OTEL_*`` variables ask for (see the module docstring)."""
+    if _env("OTEL_SDK_DISABLED").lower() == "true":
+        return None
+    choice = _env("OTEL_TRACES_EXPORTER").lower()
+    if choice == "none":
+        return None
+    if choice == "console":
+        return ConsoleSpanExporter()
+    if _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or _env("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        # Imported only when used: it pulls in protobuf and requests.
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    return None
+
+
+def build_provider(service_name: str) -> TracerProvider:
+    """A tracer provider configured from the environment, not yet installed globally."""
+    resource = Resource.create({SERVICE_NAME: _env("OTEL_SERVICE_NAME") or service_name})
+    provider = TracerProvider(resource=resource)
+    exporter = exporter_from_env()
+    if exporter is not None:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+def setup(service_name: str) -> TracerProvider:
+    """Configure tracing for this process once; later calls return the same provider.
+
+    The provider becomes the global one (OTel allows setting it only once per
+    process), so ``trace.get_tracer(__name__)`` anywhere in the service produces
+    spans that reach the exporter.
+    """
+    global _provider
+    with _lock:
+        if _provider is None:
+            _provider = build_provider(service_name)
+            trace.set_tracer_provider(_provider)
+        return _provider
+
+
+class _CaseInsensitiveGetter(Getter[Mapping[str, str]]):
+    """NATS keeps header names as sent; some clients capitalise ``Traceparent``."""
+
+    def get(self, carrier: Mapping[str, str], key: str) -> list[str] | None:
+        wanted = key.lower()
+        for name, value in carrier.items():
+            if name.lower() == wanted:
+                return [value]
+        return None
+
+    def keys(self, carrier: Mapping[str, str]) -> list[str]:
+        return list(carrier)
+
+
+_GETTER = _CaseInsensitiveGetter()
+
+
+def inject(
+    headers: MutableMapping[str, str], context: Context | None = None
+) -> MutableMapping[str, str]:
+    """Add ``traceparent`` (and ``tracestate``) of the current span to `headers`; returns them."""
+    _PROPAGATOR.inject(headers, context=context)
+    return headers
+
+
+def extract(headers: Mapping[str, str] | None) -> Context:
+    """The trace context carried by message headers (an empty context when there is none)."""
+    return _PROPAGATOR.extract(headers or {}, getter=_GETTER)
+
+
+def messaging_attributes(
+    destination: str,
+    operation: Literal["send", "process"],
+    *,
+    message_id: str | None = None,
+    consumer_group: str | None = None,
+) -> dict[str, AttributeValue]:
+    """Semantic-convention attributes of a NATS publish (``send``) or handling (``process``)."""
+    attributes: dict[str, AttributeValue] = {
+        MESSAGING_SYSTEM: NATS,
+        MESSAGING_DESTINATION_NAME: destination,
+        MESSAGING_OPERATION_TYPE: operation,
+        MESSAGING_OPERATION_NAME: "publish" if operation == "send" else "process",
+    }
+    if message_id is not None:
+        attributes[MESSAGING_MESSAGE_ID] = message_id
+    if consumer_group is not None:
+        attributes[MESSAGING_CONSUMER_GROUP_NAME] = consumer_group
+    return attributes
+
+
+@contextmanager
+def publish_span(
+    subject: str,
+    headers: MutableMapping[str, str],
+    *,
+    message_id: str | None = None,
+    tracer: trace.Tracer | None = None,
+) -> Iterator[Span]:
+    """A PRODUCER span around a publish; its context is injected into `headers`."""
+    tracer = tracer or trace.get_tracer(__name__)
+    with tracer.start_as_current_span(
+        f"publish {subject}",
+        kind=SpanKind.PRODUCER,
+        attributes=messaging_attributes(subject, "send", message_id=message_id),
+    ) as span:
+        inject(headers)
+        yield span
+
+
+@contextmanager
+def process_span(
+    subject: str,
+    headers: Mapping[str, str] | None,
+    *,
+    message_id: str | None = None,
+    consumer_group: str | None = None,
+    tracer: trace.Tracer | None = None,
+) -> Iterator[Span]:
+    """A CONSUMER span for handling a message, child of the span that published it.
+
+    The extracted context is attached for the duration, so whatever the handler
+    publishes in turn joins the same trace.
+    """
+    tracer = tracer or trace.get_tracer(__name__)
+    token = otel_context.attach(extract(headers))
+    try:
+        with tracer.start_as_current_span(
+            f"process {subject}",
+            kind=SpanKind.CONSUMER,
+            attributes=messaging_attributes(
+                subject, "process", message_id=message_id, consumer_group=consumer_group
+            ),
+        ) as span:
+            yield span
+    finally:
+        otel_context.detach(token)
+
+
+__all__ = [
+    "MESSAGING_CONSUMER_GROUP_NAME",
+    "MESSAGING_DESTINATION_NAME",
+    "MESSAGING_MESSAGE_ID",
+    "MESSAGING_OPERATION_NAME",
+    "MESSAGING_OPERATION_TYPE",
+    "MESSAGING_SYSTEM",
+    "build_provider",
+    "exporter_from_env",
+    "extract",
+    "inject",
+    "messaging_attributes",
+    "process_span",
+    "publish_span",
+    "setup",
+]
