@@ -329,7 +329,10 @@ class DeploymentController:
             self._scale(new, replicas, deployment)
             return
         everything = [new, *old]
-        total = sum(_replicas(rs) for rs in everything)
+        # Count pods a ReplicaSet still has beyond its (just lowered) spec, and trust
+        # availability only up to the spec: both keep a stale RS status from letting
+        # the rollout overshoot maxSurge or undershoot maxUnavailable.
+        total = sum(max(_replicas(rs), _status_int(rs, "replicas")) for rs in everything)
         new_replicas = _replicas(new)
         if new_replicas > replicas:
             new_replicas = replicas
@@ -349,12 +352,12 @@ class DeploymentController:
             return
         targets = {rs["metadata"]["name"]: _replicas(rs) for rs in active_old}
         for rs in active_old:
-            unhealthy = targets[rs["metadata"]["name"]] - _status_int(rs, "availableReplicas")
+            unhealthy = targets[rs["metadata"]["name"]] - _available(rs)
             cut = min(budget, max(unhealthy, 0))
             if cut > 0:
                 targets[rs["metadata"]["name"]] -= cut
                 budget -= cut
-        available = sum(_status_int(rs, "availableReplicas") for rs in everything)
+        available = sum(_available(rs) for rs in everything)
         spare = available - min_available
         for rs in active_old:
             if spare <= 0:
@@ -474,6 +477,10 @@ def _status_int(obj: dict[str, Any] | None, field: str) -> int:
     if obj is None:
         return 0
     return int((obj.get("status") or {}).get(field) or 0)
+
+
+def _available(rs: dict[str, Any]) -> int:
+    return min(_status_int(rs, "availableReplicas"), _replicas(rs))
 
 
 def _ordinal(name: str, set_name: str) -> int | None:

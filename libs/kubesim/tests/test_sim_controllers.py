@@ -1,0 +1,515 @@
+"""The simulator over a bare `Store`: controllers, scheduler, kubelet and node operations."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from flotilla.kubesim.sim import SimOptions, Simulator, http
+from flotilla.kubesim.sim.nodes import LEASE_NAMESPACE
+from flotilla.kubesim.store import Store, StoreEvent
+
+FAST = {"pod_ready_seconds": 0.05, "job_seconds": 0.05}
+
+
+async def eventually(condition: Callable[[], Any], within: float = 5.0) -> Any:
+    """Poll `condition` until it returns something truthy; fail after `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {within}s")
+        await asyncio.sleep(0.01)
+
+
+class Cluster:
+    """A Store plus a started Simulator, with shortcuts the tests read well with."""
+
+    def __init__(self, store: Store, sim: Simulator) -> None:
+        self.store = store
+        self.sim = sim
+
+    def rt(self, kind: str) -> Any:
+        api = {
+            "Deployment": "apps/v1",
+            "ReplicaSet": "apps/v1",
+            "StatefulSet": "apps/v1",
+            "DaemonSet": "apps/v1",
+            "Job": "batch/v1",
+            "Lease": "coordination.k8s.io/v1",
+        }
+        return self.store.resource_type(api.get(kind, "v1"), kind)
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return self.store.create(self.rt(obj["kind"]), obj)
+
+    def get(self, kind: str, name: str, namespace: str | None = "default") -> dict[str, Any]:
+        return self.store.get(self.rt(kind), namespace, name)
+
+    def status(self, kind: str, name: str) -> dict[str, Any]:
+        return dict(self.get(kind, name).get("status") or {})
+
+    def pods(self, phase: str | None = None) -> list[dict[str, Any]]:
+        items, _ = self.store.list(self.rt("Pod"), "default")
+        return [p for p in items if phase is None or p["status"].get("phase") == phase]
+
+    def update_spec(self, kind: str, name: str, change: Callable[[dict[str, Any]], None]) -> None:
+        obj = self.get(kind, name, None if kind == "Node" else "default")
+        change(obj)
+        self.store.update(self.rt(kind), obj)
+
+
+@pytest.fixture
+async def cluster_factory() -> AsyncIterator[Callable[..., Any]]:
+    started: list[Simulator] = []
+
+    async def make(**options: Any) -> Cluster:
+        store = Store()
+        sim = Simulator(store, SimOptions(**{**FAST, **options}), "test")
+        await sim.start()
+        started.append(sim)
+        return Cluster(store, sim)
+
+    yield make
+    for sim in started:
+        await sim.stop()
+
+
+@pytest.fixture
+async def cluster(cluster_factory: Callable[..., Any]) -> Cluster:
+    result: Cluster = await cluster_factory(nodes=3)
+    return result
+
+
+def container(cpu: str = "100m", memory: str = "64Mi", **extra: str) -> dict[str, Any]:
+    return {
+        "name": "app",
+        "image": "nginx:1.27",
+        "resources": {"requests": {"cpu": cpu, "memory": memory, **extra}},
+    }
+
+
+def template(app: str, **spec: Any) -> dict[str, Any]:
+    spec.setdefault("containers", [container()])
+    return {"metadata": {"labels": {"app": app}}, "spec": spec}
+
+
+def deployment(name: str = "web", replicas: int = 3, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": template(name, **spec),
+        },
+    }
+
+
+def bare_pod(name: str, **spec: Any) -> dict[str, Any]:
+    spec.setdefault("containers", [container()])
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    }
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == kind)
+
+
+async def test_nodes_are_registered_ready_with_labels_and_leases(
+    cluster_factory: Callable[..., Any],
+) -> None:
+    cluster = await cluster_factory(
+        nodes=2,
+        node_gpus=2,
+        node_labels={"region": "eu", "zone": "eu-1a", "tier": "gold"},
+        heartbeat_seconds=0.05,
+    )
+    nodes, _ = cluster.store.list(cluster.rt("Node"))
+    assert [n["metadata"]["name"] for n in nodes] == ["test-node-0", "test-node-1"]
+    node = nodes[0]
+    assert (
+        node["metadata"]["labels"]
+        | {
+            "kubernetes.io/hostname": "test-node-0",
+            "kubernetes.io/os": "linux",
+            "topology.kubernetes.io/region": "eu",
+            "topology.kubernetes.io/zone": "eu-1a",
+            "tier": "gold",
+        }
+        == node["metadata"]["labels"]
+    )
+    assert (
+        node["status"]["allocatable"]
+        | {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "2"}
+        == node["status"]["allocatable"]
+    )
+    assert condition(node, "Ready")["status"] == "True"
+    first = cluster.get("Lease", "test-node-0", LEASE_NAMESPACE)["spec"]["renewTime"]
+    await eventually(
+        lambda: cluster.get("Lease", "test-node-0", LEASE_NAMESPACE)["spec"]["renewTime"] != first
+    )
+
+
+async def test_deployment_runs_its_replicas_and_reports_status(cluster: Cluster) -> None:
+    cluster.create(deployment(replicas=3))
+
+    status = await eventually(
+        lambda: (s := cluster.status("Deployment", "web")).get("readyReplicas") == 3 and s
+    )
+
+    assert {
+        k: status[k]
+        for k in (
+            "replicas",
+            "updatedReplicas",
+            "readyReplicas",
+            "availableReplicas",
+            "unavailableReplicas",
+            "observedGeneration",
+        )
+    } == {
+        "replicas": 3,
+        "updatedReplicas": 3,
+        "readyReplicas": 3,
+        "availableReplicas": 3,
+        "unavailableReplicas": 0,
+        "observedGeneration": 1,
+    }
+    assert condition(cluster.get("Deployment", "web"), "Available")["status"] == "True"
+    assert condition(cluster.get("Deployment", "web"), "Progressing")["reason"] == (
+        "NewReplicaSetAvailable"
+    )
+    pods = cluster.pods("Running")
+    assert len(pods) == 3
+    replicaset_names = {p["metadata"]["ownerReferences"][0]["name"] for p in pods}
+    assert len(replicaset_names) == 1
+    replicaset = cluster.get("ReplicaSet", replicaset_names.pop())
+    assert replicaset["metadata"]["ownerReferences"][0]["controller"] is True
+    assert replicaset["status"]["readyReplicas"] == 3
+    for pod in pods:
+        assert (
+            pod["metadata"]["labels"]["pod-template-hash"]
+            == (replicaset["metadata"]["labels"]["pod-template-hash"])
+        )
+        assert pod["spec"]["nodeName"].startswith("test-node-")
+        assert condition(pod, "Ready")["status"] == "True"
+        assert condition(pod, "PodScheduled")["status"] == "True"
+        assert pod["status"]["containerStatuses"][0]["ready"] is True
+        assert pod["status"]["podIP"]
+    # Spread: LeastAllocated puts one replica on each of the three nodes.
+    assert len({p["spec"]["nodeName"] for p in pods}) == 3
+
+
+async def test_scale_down_deletes_pods_and_updates_status(cluster: Cluster) -> None:
+    cluster.create(deployment(replicas=3))
+    await eventually(lambda: cluster.status("Deployment", "web").get("readyReplicas") == 3)
+
+    cluster.update_spec("Deployment", "web", lambda d: d["spec"].update(replicas=1))
+
+    await eventually(
+        lambda: (
+            cluster.status("Deployment", "web").get("replicas") == 1
+            and cluster.status("Deployment", "web").get("observedGeneration") == 2
+            and len(cluster.pods()) == 1
+        )
+    )
+    assert cluster.status("Deployment", "web")["readyReplicas"] == 1
+
+
+async def test_template_change_rolls_out_a_new_replicaset(cluster: Cluster) -> None:
+    cluster.create(deployment(replicas=4))
+    await eventually(lambda: cluster.status("Deployment", "web").get("readyReplicas") == 4)
+    seen_total: list[int] = []
+    unsubscribe = cluster.store.add_listener(
+        cluster.rt("Pod"),
+        lambda event: seen_total.append(
+            len([p for p in cluster.sim.state.pods.values() if p.active])
+        ),
+    )
+
+    def new_image(d: dict[str, Any]) -> None:
+        d["spec"]["template"]["spec"]["containers"][0]["image"] = "nginx:1.28"
+
+    cluster.update_spec("Deployment", "web", new_image)
+    try:
+        await eventually(
+            lambda: (
+                (s := cluster.status("Deployment", "web")).get("observedGeneration") == 2
+                and s.get("updatedReplicas") == 4
+                and s.get("availableReplicas") == 4
+                and s.get("replicas") == 4
+            )
+        )
+    finally:
+        unsubscribe()
+    images = {p["spec"]["containers"][0]["image"] for p in cluster.pods()}
+    assert images == {"nginx:1.28"}
+    assert max(seen_total) <= 5  # 25% maxSurge of 4 replicas is one extra pod
+    assert (
+        cluster.get("Deployment", "web")["metadata"]["annotations"][
+            "deployment.kubernetes.io/revision"
+        ]
+        == "2"
+    )
+
+
+async def test_daemonset_skips_nodes_with_untolerated_noschedule_taints(cluster: Cluster) -> None:
+    cluster.update_spec(
+        "Node",
+        "test-node-1",
+        lambda n: n["spec"].update(
+            taints=[{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]
+        ),
+    )
+    cluster.create(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "agent", "namespace": "default"},
+            "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": template("agent")},
+        }
+    )
+
+    status = await eventually(
+        lambda: (s := cluster.status("DaemonSet", "agent")).get("numberReady") == 2 and s
+    )
+    assert status["desiredNumberScheduled"] == 2
+    assert status["currentNumberScheduled"] == 2
+    assert sorted(p["spec"]["nodeName"] for p in cluster.pods()) == ["test-node-0", "test-node-2"]
+
+    cluster.update_spec(
+        "DaemonSet",
+        "agent",
+        lambda d: d["spec"]["template"]["spec"].update(
+            tolerations=[{"key": "dedicated", "operator": "Exists"}]
+        ),
+    )
+    await eventually(lambda: cluster.status("DaemonSet", "agent").get("numberReady") == 3)
+
+
+async def test_daemonset_follows_nodes_as_they_come_and_go(cluster: Cluster) -> None:
+    cluster.create(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "agent", "namespace": "default"},
+            "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": template("agent")},
+        }
+    )
+    await eventually(lambda: cluster.status("DaemonSet", "agent").get("numberReady") == 3)
+
+    (added,) = http.apply(cluster.sim, {"action": "add"})["nodes"]
+    await eventually(lambda: cluster.status("DaemonSet", "agent").get("numberReady") == 4)
+    http.apply(cluster.sim, {"action": "remove", "names": [added, "test-node-0"]})
+
+    await eventually(
+        lambda: (
+            cluster.status("DaemonSet", "agent").get("desiredNumberScheduled") == 2
+            and len(cluster.pods()) == 2
+        )
+    )
+
+
+async def test_job_completes_respecting_parallelism(cluster: Cluster) -> None:
+    running_at_once: list[int] = []
+
+    def count(event: StoreEvent) -> None:
+        running_at_once.append(
+            sum(1 for p in cluster.sim.state.pods.values() if p.phase == "Running")
+        )
+
+    unsubscribe = cluster.store.add_listener(cluster.rt("Pod"), count)
+    cluster.create(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "batch", "namespace": "default"},
+            "spec": {
+                "completions": 3,
+                "parallelism": 2,
+                "template": template("batch", restartPolicy="Never"),
+            },
+        }
+    )
+    try:
+        job = await eventually(
+            lambda: (
+                any(
+                    c["type"] == "Complete" and c["status"] == "True"
+                    for c in cluster.status("Job", "batch").get("conditions", [])
+                )
+                and cluster.get("Job", "batch")
+            )
+        )
+    finally:
+        unsubscribe()
+    assert job["status"]["succeeded"] == 3
+    assert job["status"]["active"] == 0
+    assert job["status"]["completionTime"]
+    assert max(running_at_once) == 2
+    assert len(cluster.pods("Succeeded")) == 3
+    assert all(p["metadata"]["labels"]["job-name"] == "batch" for p in cluster.pods())
+
+
+async def test_statefulset_creates_ordinal_pods_in_order(cluster: Cluster) -> None:
+    created: list[str] = []
+    unsubscribe = cluster.store.add_listener(
+        cluster.rt("Pod"),
+        lambda e: created.append(e.object["metadata"]["name"]) if e.type == "ADDED" else None,
+    )
+    cluster.create(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "db", "namespace": "default"},
+            "spec": {
+                "replicas": 3,
+                "serviceName": "db",
+                "selector": {"matchLabels": {"app": "db"}},
+                "template": template("db"),
+            },
+        }
+    )
+    try:
+        await eventually(lambda: cluster.status("StatefulSet", "db").get("readyReplicas") == 3)
+    finally:
+        unsubscribe()
+    assert created == ["db-0", "db-1", "db-2"]
+    assert cluster.get("Pod", "db-1")["spec"]["hostname"] == "db-1"
+
+    cluster.update_spec("StatefulSet", "db", lambda s: s["spec"].update(replicas=1))
+    await eventually(lambda: [p["metadata"]["name"] for p in cluster.pods()] == ["db-0"])
+
+
+async def test_unschedulable_pod_waits_for_a_node_that_fits(cluster: Cluster) -> None:
+    cluster.create(bare_pod("big", containers=[container(cpu="12")]))
+
+    def scheduled_condition() -> dict[str, Any] | None:
+        conditions = cluster.get("Pod", "big")["status"].get("conditions") or []
+        return next((c for c in conditions if c["type"] == "PodScheduled"), None)
+
+    unscheduled = await eventually(scheduled_condition)
+    assert unscheduled["status"] == "False"
+    assert unscheduled["reason"] == "Unschedulable"
+    assert unscheduled["message"] == "0/3 nodes are available: 3 Insufficient cpu."
+    assert cluster.get("Pod", "big")["status"]["phase"] == "Pending"
+    assert cluster.sim.stats()["unschedulablePods"] == 1
+
+    (added,) = http.apply(cluster.sim, {"action": "add", "cpu": "16"})["nodes"]
+
+    pod = await eventually(
+        lambda: (p := cluster.get("Pod", "big"))["status"]["phase"] == "Running" and p
+    )
+    assert pod["spec"]["nodeName"] == added
+    assert cluster.sim.stats()["unschedulablePods"] == 0
+
+
+async def test_gpu_requests_are_counted_per_node(cluster: Cluster) -> None:
+    (gpu_node,) = http.apply(cluster.sim, {"action": "add", "gpus": 2})["nodes"]
+    for i in range(3):
+        cluster.create(bare_pod(f"train-{i}", containers=[container(**{"nvidia.com/gpu": "1"})]))
+
+    await eventually(lambda: len(cluster.pods("Running")) == 2)
+    running = cluster.pods("Running")
+    assert {p["spec"]["nodeName"] for p in running} == {gpu_node}
+    (waiting,) = cluster.pods("Pending")
+    assert "Insufficient nvidia.com/gpu" in condition(waiting, "PodScheduled")["message"]
+
+    cluster.store.delete(cluster.rt("Pod"), "default", running[0]["metadata"]["name"])
+
+    await eventually(
+        lambda: cluster.get("Pod", waiting["metadata"]["name"])["status"]["phase"] == "Running"
+    )
+
+
+async def test_cordoned_and_zeroed_nodes_take_no_new_pods(cluster: Cluster) -> None:
+    http.apply(cluster.sim, {"action": "cordon", "names": ["test-node-0"]})
+    http.apply(cluster.sim, {"action": "zero-capacity", "names": ["test-node-1"]})
+    cluster.create(deployment(replicas=4))
+
+    await eventually(lambda: len(cluster.pods("Running")) == 4)
+    assert {p["spec"]["nodeName"] for p in cluster.pods()} == {"test-node-2"}
+    assert cluster.get("Node", "test-node-1", None)["status"]["allocatable"]["cpu"] == "0"
+
+    http.apply(cluster.sim, {"action": "restore-capacity", "names": ["test-node-1"]})
+    http.apply(cluster.sim, {"action": "uncordon", "names": ["test-node-0"]})
+    assert cluster.get("Node", "test-node-1", None)["status"]["allocatable"]["cpu"] == "8"
+    assert not cluster.get("Node", "test-node-0", None)["spec"].get("unschedulable")
+    cluster.update_spec("Deployment", "web", lambda d: d["spec"].update(replicas=10))
+    await eventually(lambda: len(cluster.pods("Running")) == 10)
+    assert len({p["spec"]["nodeName"] for p in cluster.pods()}) == 3
+
+
+async def test_removed_node_pods_are_replaced_elsewhere(cluster: Cluster) -> None:
+    cluster.create(deployment(replicas=3))
+    await eventually(lambda: len(cluster.pods("Running")) == 3)
+
+    http.apply(cluster.sim, {"action": "remove", "names": ["test-node-0"]})
+
+    await eventually(
+        lambda: (
+            len(cluster.pods("Running")) == 3
+            and all(p["spec"]["nodeName"] != "test-node-0" for p in cluster.pods())
+        )
+    )
+    with pytest.raises(Exception, match="not found"):
+        cluster.get("Lease", "test-node-0", LEASE_NAMESPACE)
+
+
+async def test_noexecute_taint_evicts_untolerating_pods(cluster: Cluster) -> None:
+    cluster.create(bare_pod("plain", nodeName="test-node-0"))
+    cluster.create(
+        bare_pod(
+            "patient",
+            nodeName="test-node-0",
+            tolerations=[{"key": "maintenance", "operator": "Exists", "effect": "NoExecute"}],
+        )
+    )
+    await eventually(lambda: len(cluster.pods("Running")) == 2)
+
+    cluster.update_spec(
+        "Node",
+        "test-node-0",
+        lambda n: n["spec"].update(taints=[{"key": "maintenance", "effect": "NoExecute"}]),
+    )
+
+    await eventually(lambda: [p["metadata"]["name"] for p in cluster.pods()] == ["patient"])
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "message"),
+    [
+        pytest.param([], 400, "body must be a JSON object", id="not-an-object"),
+        pytest.param({"action": "explode"}, 400, '"action" must be one of', id="unknown-action"),
+        pytest.param({"action": "cordon"}, 400, '"names"', id="names-required"),
+        pytest.param(
+            {"action": "remove", "names": ["nope"]},
+            404,
+            'nodes "nope" not found',
+            id="unknown-node",
+        ),
+        pytest.param({"action": "add", "count": 0}, 400, '"count"', id="bad-count"),
+        pytest.param({"action": "add", "cpu": "lots"}, 400, "invalid node shape", id="bad-cpu"),
+    ],
+)
+async def test_node_operations_reject_bad_requests(
+    cluster: Cluster, body: Any, code: int, message: str
+) -> None:
+    from flotilla.kubesim.errors import ApiError
+
+    with pytest.raises(ApiError) as raised:
+        http.apply(cluster.sim, body)
+    assert raised.value.code == code
+    assert message in raised.value.message
