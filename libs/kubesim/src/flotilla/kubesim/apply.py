@@ -343,6 +343,22 @@ def apply(
     return result
 
 
+def _comparable(managed: Any) -> list[tuple[Any, ...]] | None:
+    if not isinstance(managed, list):
+        return None
+    return [
+        (
+            e.get("manager"),
+            e.get("operation"),
+            e.get("subresource"),
+            e.get("apiVersion"),
+            json.dumps(e.get("fieldsV1"), sort_keys=True),
+        )
+        for e in managed
+        if isinstance(e, dict)
+    ]
+
+
 def record_update(
     old: dict[str, Any] | None,
     new: dict[str, Any],
@@ -362,7 +378,11 @@ def record_update(
         ownership.set(key, rt.api_version, new_paths)
         meta["managedFields"] = ownership.render({}, now)
         return
-    managed = meta.get("managedFields", old.get("metadata", {}).get("managedFields"))
+    stored = old.get("metadata", {}).get("managedFields")
+    managed = meta.get("managedFields", stored)
+    if _comparable(managed) == _comparable(stored):
+        # Clients echo managedFields back with reformatted times; that is not a change.
+        managed = stored
     ownership = Ownership(managed)
     old_paths = field_paths(old, rt, status=status)
     changed = {p for p in new_paths if value_at(old, p) != value_at(new, p)}

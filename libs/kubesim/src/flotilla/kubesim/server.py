@@ -43,7 +43,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BODY_LIMIT = 3 * 1024 * 1024
-KUBERNETES_VERSION = {"major": "1", "minor": "31", "gitVersion": "v1.31.0-kubesim"}
+KUBERNETES_VERSION = {
+    "major": "1",
+    "minor": "31",
+    "gitVersion": "v1.31.0-kubesim",
+    "gitCommit": "0000000000000000000000000000000000000000",
+    "gitTreeState": "clean",
+    "buildDate": "2026-01-01T00:00:00Z",
+    "goVersion": "go1.22.0",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
 _VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 _JSON_TYPES = ("application/json", "*/*")
 _YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
@@ -426,7 +436,7 @@ class KubeSim:
     async def _handle_api(self, request: web.Request) -> web.StreamResponse:
         segments = [s for s in request.path.split("/") if s]
         if segments == ["version"]:
-            return _json({**KUBERNETES_VERSION, "platform": "linux/amd64"})
+            return _json(KUBERNETES_VERSION)
         if not segments or segments[0] not in ("api", "apis"):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if segments[0] == "api":
