@@ -501,6 +501,8 @@ class ResourceInterpreterSpec(_Spec):
     pod_spec: PathRef | None = Field(default=None, alias="podSpec")
     """A PodSpec directly (Pod: ``.spec``); alternative to podTemplate."""
     components: list[ComponentSpec] = Field(default_factory=list)
+    """Pod templates of a multi-component workload, each with its own replicas; they
+    add to ``replicas`` × ``podTemplate`` when both are declared."""
     status_aggregation: list[StatusAggregationRule] = Field(
         default_factory=list, alias="statusAggregation"
     )
@@ -518,10 +520,6 @@ class ResourceInterpreterSpec(_Spec):
     def _one_pod_source(self) -> ResourceInterpreterSpec:
         if self.pod_template is not None and self.pod_spec is not None:
             raise ValueError("set podTemplate or podSpec, not both")
-        if self.components and (self.pod_template is not None or self.pod_spec is not None):
-            raise ValueError(
-                "components replace podTemplate/podSpec; declare the pod templates per component"
-            )
         names = [c.name for c in self.components]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:

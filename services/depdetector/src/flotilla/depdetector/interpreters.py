@@ -112,7 +112,7 @@ class Interpretation(BaseModel):
     strategy_from_annotation: bool = False
     replicas: int = 1
     requests: Requests = Field(default_factory=dict)
-    """Per replica; empty for multi-component workloads (see ``components``)."""
+    """Per replica of ``replicas``; multi-component workloads list theirs in ``components``."""
     components: list[Component] = Field(default_factory=list)
     status_aggregation: list[StatusAggregationRule] = Field(default_factory=list)
     follows: list[Follow] = Field(default_factory=list)
@@ -124,9 +124,8 @@ class Interpretation(BaseModel):
     @property
     def total_requests(self) -> Requests:
         """Everything the object needs on one cluster if placed there whole."""
-        if self.components:
-            return _sum_requests(c.total_requests for c in self.components)
-        return {resource: units * self.replicas for resource, units in self.requests.items()}
+        own = {resource: units * self.replicas for resource, units in self.requests.items()}
+        return _sum_requests([own, *(c.total_requests for c in self.components)])
 
 
 @dataclass(frozen=True)
