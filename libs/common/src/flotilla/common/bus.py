@@ -1,0 +1,591 @@
+"""The event bus: typed events over NATS JetStream, with at-least-once delivery in
+and deduplication out.
+
+- `Bus.connect` / `Bus.ensure`: connect and create (idempotently) what
+  `flotilla.common.topology` declares.
+- `Bus.publish` / `Bus.publish_batch`: deterministic `Nats-Msg-Id` from the event
+  id (JetStream drops a duplicate inside the window), W3C trace context in the
+  headers, pipelined publishing for batches.
+- `Consumer`: one per service replica. Holds partition leases
+  (`flotilla.common.leases`), fetches each owned partition in batches, and
+  dispatches per key in order with bounded concurrency across keys
+  (`flotilla.common.queueing`). Long handlers are kept alive with `in_progress`.
+- `disposition`: the ONE place where the error vocabulary of
+  `flotilla.common.errors` becomes ack / nak(delay) / term + dead-letter.
+- `Bus.replay`: read a window of the event stream by sequence or time, the basis
+  of event replay.
+
+Only this module (and `leases`) import `nats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
+from flotilla.common import events, telemetry
+from flotilla.common.errors import InvalidEvent, PermanentError, TemporaryError, Unavailable
+from flotilla.common.leases import PartitionLeases
+from flotilla.common.queueing import KeyedQueue, Retry
+from flotilla.common.topology import BucketSpec, ConsumerSpec, StreamSpec, Topology
+
+log = logging.getLogger(__name__)
+
+KEY_HEADER = "Flotilla-Key"
+TYPE_HEADER = "Flotilla-Type"
+DEAD_REASON_HEADER = "Flotilla-Dead-Reason"
+DEAD_ERROR_HEADER = "Flotilla-Dead-Error"
+ORIGINAL_SUBJECT_HEADER = "Flotilla-Original-Subject"
+ORIGINAL_SEQUENCE_HEADER = "Flotilla-Original-Sequence"
+DELIVERED_HEADER = "Flotilla-Delivered"
+
+Handler = Callable[[events.Envelope], Awaitable[None]]
+DeadLetterHook = Callable[["DeadLetter"], Awaitable[None]]
+
+
+# --- the one place errors become message outcomes ----------------------------------
+
+
+@dataclass(frozen=True)
+class Ack:
+    pass
+
+
+@dataclass(frozen=True)
+class Nak:
+    delay: float
+
+
+@dataclass(frozen=True)
+class Term:
+    reason: str
+    error: str
+
+
+Outcome = Ack | Nak | Term
+
+DEFAULT_RETRY_DELAY = 1.0
+
+
+def disposition(error: BaseException | None, *, delivered: int, max_deliver: int) -> Outcome:
+    """Map a handler's result to what happens to its message.
+
+    A temporary error is retried after its delay until `max_deliver` deliveries;
+    then, like a permanent error, the message goes to the dead-letter stream.
+    An unexpected exception is a bug in a handler: retried like a temporary error
+    (the bug may be a race that resolves), dead-lettered when retries run out.
+    """
+    if error is None:
+        return Ack()
+    if isinstance(error, PermanentError):
+        return Term(reason=type(error).__name__, error=str(error))
+    delay = error.delay if isinstance(error, TemporaryError) else DEFAULT_RETRY_DELAY
+    if delivered >= max_deliver:
+        return Term(
+            reason="RetriesExhausted",
+            error=f"gave up after {delivered} deliveries: {type(error).__name__}: {error}",
+        )
+    return Nak(delay=delay)
+
+
+# --- connection, topology, publishing ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """What a dead-letter hook is told, and what `Bus.dead_letters` reads back."""
+
+    subject: str
+    sequence: int
+    reason: str
+    error: str
+    delivered: int
+    data: bytes
+    envelope: events.Envelope | None
+
+
+@dataclass(frozen=True)
+class ReplayedEvent:
+    sequence: int
+    published_at: datetime
+    subject: str
+    envelope: events.Envelope
+
+
+def _stream_config(spec: StreamSpec) -> api.StreamConfig:
+    return api.StreamConfig(
+        name=spec.name,
+        subjects=list(spec.subjects),
+        retention=api.RetentionPolicy(spec.retention),
+        storage=api.StorageType.FILE,
+        max_age=spec.max_age,
+        max_bytes=spec.max_bytes,
+        max_msg_size=spec.max_msg_size,
+        duplicate_window=spec.duplicate_window,
+        num_replicas=spec.replicas,
+        discard=api.DiscardPolicy.OLD,
+    )
+
+
+class Bus:
+    """A connection to NATS with Flotilla's topology on it."""
+
+    def __init__(
+        self,
+        nc: NatsClient,
+        topology: Topology,
+        producer: str,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
+        self.nc = nc
+        self.tracer = tracer or trace.get_tracer("flotilla.bus")
+        self.js: JetStreamContext = nc.jetstream()
+        self.topology = topology
+        self.producer = producer
+        self._buckets: dict[str, Any] = {}
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        topology: Topology,
+        producer: str,
+        credentials: str | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        ensure: bool = True,
+        tracer: trace.Tracer | None = None,
+    ) -> Bus:
+        async def on_error(exc: Exception) -> None:
+            log.warning("nats: %s", exc)
+
+        try:
+            nc = await nats.connect(
+                url,
+                name=producer,
+                user_credentials=credentials,
+                user=user,
+                password=password,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.25,
+                connect_timeout=5,
+                error_cb=on_error,
+            )
+        except (OSError, nats.errors.Error) as exc:
+            raise Unavailable(f"cannot connect to NATS at {url}: {exc}") from exc
+        bus = cls(nc, topology, producer, tracer)
+        if ensure:
+            await bus.ensure()
+        return bus
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+        if not self.nc.is_closed:
+            await self.nc.close()
+
+    async def ensure(self) -> None:
+        """Create or update every stream and bucket of the topology (idempotent)."""
+        for stream in self.topology.streams:
+            config = _stream_config(stream)
+            try:
+                await self.js.add_stream(config)
+            except nats.js.errors.BadRequestError:
+                await self.js.update_stream(config)  # exists with other limits: converge
+        for bucket in self.topology.buckets:
+            await self.bucket(bucket)
+
+    async def bucket(self, spec: BucketSpec) -> Any:
+        """The KV bucket, created if absent (nats-py returns the same on re-create)."""
+        if spec.name not in self._buckets:
+            self._buckets[spec.name] = await self.js.create_key_value(
+                bucket=spec.name,
+                history=spec.history,
+                ttl=spec.ttl,
+                replicas=spec.replicas,
+                storage=api.StorageType.FILE,
+            )
+        return self._buckets[spec.name]
+
+    def _headers(self, event: events.Envelope) -> dict[str, str]:
+        return {"Nats-Msg-Id": event.id, KEY_HEADER: event.key, TYPE_HEADER: event.type}
+
+    async def publish(self, event: events.Envelope) -> api.PubAck:
+        subject = self.topology.event_subject(event.type, event.key)
+        headers = self._headers(event)
+        with telemetry.publish_span(subject, headers, message_id=event.id, tracer=self.tracer):
+            try:
+                return await self.js.publish(subject, events.encode(event), headers=headers)
+            except (nats.errors.Error, OSError) as exc:
+                raise Unavailable(f"publish to {subject} failed: {exc}") from exc
+
+    async def publish_batch(self, batch: Sequence[events.Envelope]) -> list[api.PubAck]:
+        """Pipelined: send everything, then wait for all acknowledgements."""
+        futures = []
+        try:
+            for event in batch:
+                subject = self.topology.event_subject(event.type, event.key)
+                headers = self._headers(event)
+                with telemetry.publish_span(
+                    subject, headers, message_id=event.id, tracer=self.tracer
+                ):
+                    futures.append(
+                        await self.js.publish_async(subject, events.encode(event), headers=headers)
+                    )
+            acks = await asyncio.gather(*futures)
+        except (nats.errors.Error, OSError) as exc:
+            raise Unavailable(f"batch publish failed: {exc}") from exc
+        return list(acks)
+
+    async def dead_letter(self, msg: Msg, reason: str, error: str) -> None:
+        """Copy a message to the dead-letter stream with why it died (idempotent)."""
+        meta = msg.metadata
+        event_type = (msg.headers or {}).get(TYPE_HEADER) or msg.subject.split(".")[-2]
+        headers = {
+            "Nats-Msg-Id": f"dlq-{meta.stream}-{meta.sequence.stream}",
+            DEAD_REASON_HEADER: reason,
+            DEAD_ERROR_HEADER: error[:4000],
+            ORIGINAL_SUBJECT_HEADER: msg.subject,
+            ORIGINAL_SEQUENCE_HEADER: str(meta.sequence.stream),
+            DELIVERED_HEADER: str(meta.num_delivered),
+        }
+        for name in (KEY_HEADER, "traceparent", "tracestate"):
+            if msg.headers and name in msg.headers:
+                headers[name] = msg.headers[name]
+        subject = self.topology.dead_letter_subject(_subject_token(event_type))
+        await self.js.publish(subject, msg.data, headers=headers)
+
+    async def dead_letters(self, limit: int = 1000) -> list[DeadLetter]:
+        """Read the dead-letter stream (for operators and tests)."""
+        found = []
+        async for msg in self._read(self.topology.dead_letter_stream.name, limit=limit):
+            headers = msg.headers or {}
+            try:
+                envelope: events.Envelope | None = events.decode(msg.data)
+            except InvalidEvent:
+                envelope = None
+            found.append(
+                DeadLetter(
+                    subject=headers.get(ORIGINAL_SUBJECT_HEADER, ""),
+                    sequence=int(headers.get(ORIGINAL_SEQUENCE_HEADER, "0")),
+                    reason=headers.get(DEAD_REASON_HEADER, ""),
+                    error=headers.get(DEAD_ERROR_HEADER, ""),
+                    delivered=int(headers.get(DELIVERED_HEADER, "0")),
+                    data=msg.data,
+                    envelope=envelope,
+                )
+            )
+        return found
+
+    async def replay(
+        self,
+        *,
+        start_sequence: int | None = None,
+        start_time: datetime | None = None,
+        end_sequence: int | None = None,
+        end_time: datetime | None = None,
+        event_types: Sequence[str] = (),
+    ) -> AsyncIterator[ReplayedEvent]:
+        """Events of the stream window, in stream order; undecodable ones are skipped."""
+        subjects = [f"{self.topology.prefix}.events.{t}.*" for t in event_types]
+        async for msg in self._read(
+            self.topology.events_stream.name,
+            start_sequence=start_sequence,
+            start_time=start_time,
+            subjects=subjects,
+        ):
+            meta = msg.metadata
+            if end_sequence is not None and meta.sequence.stream > end_sequence:
+                return
+            if end_time is not None and meta.timestamp > end_time:
+                return
+            try:
+                envelope = events.decode(msg.data)
+            except InvalidEvent:
+                log.warning("replay: skipping undecodable message #%d", meta.sequence.stream)
+                continue
+            yield ReplayedEvent(meta.sequence.stream, meta.timestamp, msg.subject, envelope)
+
+    async def _read(
+        self,
+        stream: str,
+        *,
+        start_sequence: int | None = None,
+        start_time: datetime | None = None,
+        subjects: Sequence[str] = (),
+        limit: int | None = None,
+    ) -> AsyncIterator[Msg]:
+        """Read a stream once, from a start point to what it held when we began."""
+        info = await self.js.stream_info(stream)
+        last = info.state.last_seq
+        if last == 0 or (start_sequence is not None and start_sequence > last):
+            return
+        if start_sequence is not None:
+            policy = {"deliver_policy": api.DeliverPolicy.BY_START_SEQUENCE}
+            policy["opt_start_seq"] = start_sequence  # type: ignore[assignment]
+        elif start_time is not None:
+            policy = {"deliver_policy": api.DeliverPolicy.BY_START_TIME}
+            policy["opt_start_time"] = start_time.isoformat()  # type: ignore[assignment]
+        else:
+            policy = {"deliver_policy": api.DeliverPolicy.ALL}
+        config = api.ConsumerConfig(
+            ack_policy=api.AckPolicy.NONE,
+            inactive_threshold=30.0,
+            filter_subjects=list(subjects) or None,
+            **policy,  # type: ignore[arg-type]
+        )
+        sub = await self.js.pull_subscribe("", stream=stream, config=config)
+        count = 0
+        try:
+            while True:
+                try:
+                    batch = await sub.fetch(256, timeout=1.0)
+                except nats.errors.TimeoutError:
+                    return
+                for msg in batch:
+                    yield msg
+                    count += 1
+                    if msg.metadata.sequence.stream >= last or (limit and count >= limit):
+                        return
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+
+def _subject_token(value: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c in "-_" else "_" for c in value)
+    return cleaned or "unknown"
+
+
+# --- consuming ---------------------------------------------------------------------
+
+
+class _Delivery:
+    """A fetched JetStream message as `queueing.Delivery`."""
+
+    __slots__ = ("key", "msg", "sequence")
+
+    def __init__(self, msg: Msg) -> None:
+        self.msg = msg
+        self.sequence = msg.metadata.sequence.stream
+        headers = msg.headers or {}
+        self.key = headers.get(KEY_HEADER) or f"<no-key>/{self.sequence}"
+
+    async def heartbeat(self) -> None:
+        await self.msg.in_progress()
+
+
+class Consumer:
+    """Runs a service's handlers over its share of the event stream."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        spec: ConsumerSpec,
+        handlers: Mapping[str, Handler],
+        *,
+        instance: str,
+        concurrency: int = 64,
+        batch: int = 64,
+        on_dead_letter: DeadLetterHook | None = None,
+    ) -> None:
+        missing = set(spec.event_types) - set(handlers)
+        if missing:
+            raise ValueError(f"{spec.service}: no handler for {sorted(missing)}")
+        self.bus = bus
+        self.spec = spec
+        self.handlers = dict(handlers)
+        self.instance = instance
+        self.batch = batch
+        self.on_dead_letter = on_dead_letter
+        self.queue: KeyedQueue[_Delivery] = KeyedQueue(
+            self._process,
+            concurrency=concurrency,
+            heartbeat_interval=max(spec.ack_wait / 3, 0.05),
+            park_grace=spec.ack_wait,
+            release=self._hand_back,
+            duplicate=self._ack_duplicate,
+        )
+        self._fetchers: dict[int, asyncio.Task[None]] = {}
+        self._stopping = asyncio.Event()
+        self._leases: PartitionLeases | None = None
+        self._capacity = max(batch * 4, concurrency * 2)
+
+    @property
+    def partitions(self) -> set[int]:
+        return set(self._fetchers)
+
+    async def run(self) -> None:
+        """Until `stop()`: keep leases, fetch owned partitions, dispatch."""
+        kv = await self.bus.bucket(self.bus.topology.leases_bucket)
+        self._leases = PartitionLeases(
+            kv,
+            group=self.spec.service,
+            instance=self.instance,
+            partitions=self.bus.topology.partitions,
+            on_acquire=self._start_partition,
+            on_release=self._stop_partition,
+        )
+        interval = self.bus.topology.lease_ttl / 3
+        try:
+            while not self._stopping.is_set():
+                try:
+                    await self._leases.tick()
+                except (nats.errors.Error, OSError) as exc:
+                    log.warning("%s: lease round failed (%s); retrying", self.spec.service, exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), timeout=interval)
+        finally:
+            await self._shutdown()
+
+    async def stop(self) -> None:
+        self._stopping.set()
+
+    async def _shutdown(self, drain_timeout: float = 10.0) -> None:
+        for task in self._fetchers.values():
+            task.cancel()
+        await asyncio.gather(*self._fetchers.values(), return_exceptions=True)
+        self._fetchers.clear()
+        await self.queue.drain(drain_timeout)
+        if self._leases is not None:
+            with contextlib.suppress(Exception):
+                await self._leases.release_all()
+
+    async def _start_partition(self, partition: int) -> None:
+        durable = self.spec.durable(partition)
+        config = api.ConsumerConfig(
+            durable_name=durable,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=self.spec.ack_wait,
+            max_deliver=self.spec.max_deliver + 1,  # we dead-letter before the server gives up
+            max_ack_pending=self.spec.max_ack_pending,
+            filter_subjects=self.bus.topology.partition_subjects(self.spec, partition),
+            deliver_policy=api.DeliverPolicy.ALL,
+        )
+        stream = self.bus.topology.events_stream.name
+        await self.bus.js.add_consumer(stream, config)
+        self._fetchers[partition] = asyncio.create_task(
+            self._fetch(partition, stream, durable), name=f"fetch-{durable}"
+        )
+        log.info("%s: consuming partition %d", self.instance, partition)
+
+    async def _stop_partition(self, partition: int) -> None:
+        task = self._fetchers.pop(partition, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await self.queue.wait_idle()
+        log.info("%s: released partition %d", self.instance, partition)
+
+    async def _fetch(self, partition: int, stream: str, durable: str) -> None:
+        backoff = 0.1
+        sub = None
+        while True:
+            try:
+                if sub is None:
+                    sub = await self.bus.js.pull_subscribe_bind(durable, stream=stream)
+                await self.queue.wait_for_room(self._capacity)
+                try:
+                    msgs = await sub.fetch(self.batch, timeout=1.0)
+                except (nats.errors.TimeoutError, TimeoutError):
+                    continue  # nothing new within the long-poll window
+                for msg in msgs:
+                    self.queue.submit(_Delivery(msg))
+                backoff = 0.1
+            except asyncio.CancelledError:
+                if sub is not None:
+                    with contextlib.suppress(Exception):
+                        await sub.unsubscribe()
+                raise
+            except (nats.errors.Error, OSError) as exc:
+                log.warning("fetch %s failed (%r); retrying in %.1fs", durable, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _process(self, delivery: _Delivery) -> Retry | None:
+        msg = delivery.msg
+        meta = msg.metadata
+        envelope: events.Envelope | None = None
+        error: BaseException | None = None
+        headers = msg.headers or {}
+        with telemetry.process_span(
+            msg.subject,
+            headers,
+            message_id=headers.get("Nats-Msg-Id"),
+            consumer_group=self.spec.service,
+            tracer=self.bus.tracer,
+        ) as span:
+            try:
+                envelope = events.decode(msg.data)
+                await self.handlers[envelope.type](envelope)
+            except Exception as exc:
+                error = exc
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+            outcome = disposition(
+                error, delivered=meta.num_delivered, max_deliver=self.spec.max_deliver
+            )
+        try:
+            return await self._settle(msg, outcome, envelope, error)
+        except (nats.errors.Error, OSError) as exc:
+            # The ack did not reach the server: it will redeliver; handlers are idempotent.
+            log.warning("could not settle #%d: %s", delivery.sequence, exc)
+            return None
+
+    async def _settle(
+        self,
+        msg: Msg,
+        outcome: Outcome,
+        envelope: events.Envelope | None,
+        error: BaseException | None,
+    ) -> Retry | None:
+        if isinstance(outcome, Ack):
+            await msg.ack()
+            return None
+        if isinstance(outcome, Nak):
+            log.info(
+                "retrying #%d in %.2fs: %s", msg.metadata.sequence.stream, outcome.delay, error
+            )
+            await msg.nak(delay=outcome.delay)
+            return Retry(outcome.delay)
+        log.error("dead-lettering #%d: %s: %s", msg.metadata.sequence.stream, outcome.reason, error)
+        await self.bus.dead_letter(msg, outcome.reason, outcome.error)
+        await msg.term()
+        if self.on_dead_letter is not None:
+            letter = DeadLetter(
+                subject=msg.subject,
+                sequence=msg.metadata.sequence.stream,
+                reason=outcome.reason,
+                error=outcome.error,
+                delivered=msg.metadata.num_delivered,
+                data=msg.data,
+                envelope=envelope,
+            )
+            try:
+                await self.on_dead_letter(letter)
+            except Exception:
+                log.exception("dead-letter hook failed")
+        return None
+
+    async def _hand_back(self, delivery: _Delivery) -> None:
+        with contextlib.suppress(Exception):
+            await delivery.msg.nak()
+
+    async def _ack_duplicate(self, delivery: _Delivery) -> None:
+        with contextlib.suppress(Exception):
+            await delivery.msg.ack()

@@ -1,0 +1,134 @@
+"""Which replica of a service consumes which partition, via leases in a JetStream KV.
+
+Per-key order with several replicas needs every key's events to reach one replica
+at a time. Events are partitioned by key (`flotilla.common.topology`); this module
+hands each partition to exactly one live replica:
+
+- every replica heartbeats a membership key ``<group>.members.<instance>``;
+- each computes the same desired owner per partition by rendezvous hashing with
+  bounded load over the live members (balanced; a change moves few partitions);
+- ownership itself is a lease key ``<group>.p<n>`` taken with KV *create*
+  (atomic: at most one holder) and renewed by compare-and-set *update*; the
+  bucket's TTL expires the leases of a replica that died.
+
+Correctness comes from the compare-and-set, not from timing: two replicas may
+briefly disagree about the member list, but never both hold one lease. A replica
+gives a partition up only after draining its in-flight work (the caller's
+`on_release`), so the next owner starts from where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+
+log = logging.getLogger(__name__)
+
+
+def _weight(partition: int, member: str) -> bytes:
+    return hashlib.blake2b(f"{partition}/{member}".encode(), digest_size=8).digest()
+
+
+def assignment(partitions: int, members: Iterable[str]) -> dict[int, str]:
+    """Partition → member: rendezvous hashing with bounded load.
+
+    Each partition goes to the member with the highest hash weight among those
+    still below ceil(P/N) partitions, so shares are balanced even for few
+    partitions, and a membership change moves few of them.
+    """
+    ordered = sorted(set(members))
+    if not ordered:
+        return {}
+    cap = -(-partitions // len(ordered))
+    load = dict.fromkeys(ordered, 0)
+    result: dict[int, str] = {}
+    for partition in range(partitions):
+        ranked = sorted(ordered, key=lambda m: (_weight(partition, m), m), reverse=True)
+        chosen = next(m for m in ranked if load[m] < cap)
+        load[chosen] += 1
+        result[partition] = chosen
+    return result
+
+
+class PartitionLeases:
+    def __init__(
+        self,
+        kv: Any,
+        *,
+        group: str,
+        instance: str,
+        partitions: int,
+        on_acquire: Callable[[int], Awaitable[None]],
+        on_release: Callable[[int], Awaitable[None]],
+    ) -> None:
+        self._kv = kv
+        self._group = group
+        self._instance = instance
+        self._partitions = partitions
+        self._on_acquire = on_acquire
+        self._on_release = on_release
+        self.owned: dict[int, int] = {}  # partition -> lease revision
+
+    def _lease_key(self, partition: int) -> str:
+        return f"{self._group}.p{partition}"
+
+    async def members(self) -> list[str]:
+        prefix = f"{self._group}.members."
+        try:
+            keys = await self._kv.keys()
+        except NoKeysError:
+            return []
+        return sorted(k[len(prefix) :] for k in keys if k.startswith(prefix))
+
+    async def tick(self) -> set[int]:
+        """One round: heartbeat, renew, release what is no longer ours, acquire the rest."""
+        await self._kv.put(f"{self._group}.members.{self._instance}", b"1")
+        members = await self.members()
+        if self._instance not in members:
+            members.append(self._instance)
+        owners = assignment(self._partitions, members)
+        desired = {p for p, member in owners.items() if member == self._instance}
+
+        for partition, revision in list(self.owned.items()):
+            if partition not in desired:
+                await self._give_up(partition, revision)
+                continue
+            try:
+                self.owned[partition] = await self._kv.update(
+                    self._lease_key(partition), self._instance.encode(), last=revision
+                )
+            except (KeyWrongLastSequenceError, KeyNotFoundError):
+                log.warning("lease on partition %d was lost; stopping it", partition)
+                del self.owned[partition]
+                await self._on_release(partition)
+
+        for partition in sorted(desired - self.owned.keys()):
+            try:
+                revision = await self._kv.create(
+                    self._lease_key(partition), self._instance.encode()
+                )
+            except KeyWrongLastSequenceError:
+                continue  # still held by its previous owner; it releases it on its next tick
+            self.owned[partition] = revision
+            await self._on_acquire(partition)
+        return set(self.owned)
+
+    async def _give_up(self, partition: int, revision: int) -> None:
+        del self.owned[partition]
+        await self._on_release(partition)
+        try:
+            await self._kv.delete(self._lease_key(partition), last=revision)
+        except (KeyWrongLastSequenceError, KeyNotFoundError):
+            log.debug("lease on partition %d already gone", partition)
+
+    async def release_all(self) -> None:
+        for partition, revision in list(self.owned.items()):
+            await self._give_up(partition, revision)
+        try:
+            await self._kv.delete(f"{self._group}.members.{self._instance}")
+        except KeyNotFoundError:
+            log.debug("membership key already expired")

@@ -1,0 +1,136 @@
+"""The JetStream layout in one declarative table: streams, consumers, KV buckets.
+
+Everything Flotilla creates on NATS is described here and created idempotently by
+`flotilla.common.bus.Bus.ensure`. Subjects are partitioned so that per-key order
+survives several replicas of a service::
+
+    <prefix>.events.<EventType>.<partition>      every event; partition = hash(key) % P
+    <prefix>.dlq.<EventType>                     dead letters, with the reason in headers
+
+A service owns one durable pull consumer per partition (`<service>-p<n>`), and at
+any moment exactly one replica holds the lease on a partition
+(`flotilla.common.leases`), so all events of one key go to one replica, in order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Literal
+
+from flotilla.common.events import EVENT_TYPES
+
+Retention = Literal["limits", "workqueue", "interest"]
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """Stable across processes and versions (never Python's randomized `hash`)."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % partitions
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    name: str
+    subjects: tuple[str, ...]
+    retention: Retention = "limits"
+    max_age: float = 7 * 24 * 3600.0
+    max_bytes: int = -1  # -1: bounded by age only; set a limit per installation
+    max_msg_size: int = 4 * 2**20
+    duplicate_window: float = 120.0
+    replicas: int = 1
+
+
+@dataclass(frozen=True)
+class BucketSpec:
+    name: str
+    history: int = 1
+    ttl: float | None = None
+    replicas: int = 1
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    """How one service consumes: which event types, and the redelivery policy."""
+
+    service: str
+    event_types: tuple[str, ...]
+    ack_wait: float = 30.0
+    max_deliver: int = 10
+    max_ack_pending: int = 2000
+
+    def __post_init__(self) -> None:
+        unknown = set(self.event_types) - set(EVENT_TYPES)
+        if unknown:
+            raise ValueError(f"{self.service}: unknown event types {sorted(unknown)}")
+        if not self.event_types:
+            raise ValueError(f"{self.service}: consumes no event types")
+
+    def durable(self, partition: int) -> str:
+        return f"{self.service}-p{partition}"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Names of everything on the bus for one Flotilla installation (`prefix`)."""
+
+    prefix: str = "flotilla"
+    partitions: int = 16
+    lease_ttl: float = 15.0
+    replicas: int = 1
+    event_max_age: float = 7 * 24 * 3600.0
+    extra_buckets: tuple[BucketSpec, ...] = field(default_factory=tuple)
+
+    @property
+    def events_stream(self) -> StreamSpec:
+        return StreamSpec(
+            name=f"{self.prefix.upper()}_EVENTS",
+            subjects=(f"{self.prefix}.events.>",),
+            max_age=self.event_max_age,
+            replicas=self.replicas,
+        )
+
+    @property
+    def dead_letter_stream(self) -> StreamSpec:
+        return StreamSpec(
+            name=f"{self.prefix.upper()}_DLQ",
+            subjects=(f"{self.prefix}.dlq.>",),
+            max_age=30 * 24 * 3600.0,
+            replicas=self.replicas,
+        )
+
+    @property
+    def leases_bucket(self) -> BucketSpec:
+        return BucketSpec(name=f"{self.prefix}-leases", ttl=self.lease_ttl, replicas=self.replicas)
+
+    @property
+    def placements_bucket(self) -> BucketSpec:
+        """Durable placement record per object, updated by compare-and-set."""
+        return BucketSpec(name=f"{self.prefix}-placements", history=5, replicas=self.replicas)
+
+    @property
+    def positions_bucket(self) -> BucketSpec:
+        """Watch resume positions (resourceVersions) per watched type."""
+        return BucketSpec(name=f"{self.prefix}-positions", replicas=self.replicas)
+
+    @property
+    def streams(self) -> tuple[StreamSpec, ...]:
+        return (self.events_stream, self.dead_letter_stream)
+
+    @property
+    def buckets(self) -> tuple[BucketSpec, ...]:
+        return (
+            self.leases_bucket,
+            self.placements_bucket,
+            self.positions_bucket,
+            *self.extra_buckets,
+        )
+
+    def event_subject(self, event_type: str, key: str) -> str:
+        return f"{self.prefix}.events.{event_type}.{partition_of(key, self.partitions)}"
+
+    def dead_letter_subject(self, event_type: str) -> str:
+        return f"{self.prefix}.dlq.{event_type}"
+
+    def partition_subjects(self, consumer: ConsumerSpec, partition: int) -> list[str]:
+        return [f"{self.prefix}.events.{t}.{partition}" for t in consumer.event_types]

@@ -1,0 +1,335 @@
+"""The bus against a real nats-server with JetStream (file storage)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from flotilla.common import bus as busmod
+from flotilla.common import events
+from flotilla.common.errors import PermanentError, TemporaryError
+from flotilla.common.infra import NatsServer
+from flotilla.common.topology import ConsumerSpec, Topology
+
+pytestmark = pytest.mark.integration
+
+ObservedHandler = Callable[[events.Envelope], Awaitable[None]]
+
+
+def observed(name: str, seq: int, namespace: str = "default") -> events.Envelope:
+    ref = events.ObjectRef(api_version="v1", kind="ConfigMap", name=name, namespace=namespace)
+    payload = events.ResourceObserved(
+        ref=ref, object={"apiVersion": "v1", "kind": "ConfigMap", "data": {"seq": str(seq)}}
+    )
+    return events.envelope(payload, key=ref.key, producer="test", uid=name, revision=seq)
+
+
+def seq_of(event: events.Envelope) -> int:
+    assert isinstance(event.payload, events.ResourceObserved)
+    return int(event.payload.object["data"]["seq"])
+
+
+async def until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+@asynccontextmanager
+async def connected(
+    server: NatsServer, prefix: str, tracer: trace.Tracer | None = None
+) -> AsyncIterator[busmod.Bus]:
+    topology = Topology(prefix=prefix, partitions=4, lease_ttl=1.5)
+    bus = await busmod.Bus.connect(server.url, topology=topology, producer="test", tracer=tracer)
+    try:
+        yield bus
+    finally:
+        await bus.close()
+
+
+@asynccontextmanager
+async def consuming(
+    bus: busmod.Bus,
+    handler: ObservedHandler,
+    *,
+    instance: str = "i1",
+    ack_wait: float = 5.0,
+    max_deliver: int = 5,
+    on_dead_letter: busmod.DeadLetterHook | None = None,
+) -> AsyncIterator[busmod.Consumer]:
+    spec = ConsumerSpec(
+        service="svc", event_types=("ResourceObserved",), ack_wait=ack_wait, max_deliver=max_deliver
+    )
+    consumer = busmod.Consumer(
+        bus,
+        spec,
+        {"ResourceObserved": handler},
+        instance=instance,
+        concurrency=16,
+        on_dead_letter=on_dead_letter,
+    )
+    task = asyncio.create_task(consumer.run())
+    try:
+        yield consumer
+    finally:
+        await consumer.stop()
+        await task
+
+
+async def test_publishing_the_same_event_twice_stores_it_once(
+    nats_server: NatsServer, unique: str
+) -> None:
+    async with connected(nats_server, f"dup{unique}") as bus:
+        event = observed("a", 1)
+        first = await bus.publish(event)
+        second = await bus.publish(event)
+        assert second.duplicate
+        assert first.seq == second.seq
+        await bus.publish_batch([event, observed("a", 2), observed("a", 2)])
+        info = await bus.js.stream_info(bus.topology.events_stream.name)
+        assert info.state.messages == 2
+
+
+async def test_ensure_is_idempotent(nats_server: NatsServer, unique: str) -> None:
+    async with connected(nats_server, f"idem{unique}") as bus:
+        await bus.ensure()
+        await bus.ensure()
+        names = [s.config.name for s in await bus.js.streams_info()]
+        assert names.count(bus.topology.events_stream.name) == 1
+
+
+async def test_temporary_error_is_redelivered_after_its_delay(
+    nats_server: NatsServer, unique: str
+) -> None:
+    calls: list[float] = []
+
+    async def handler(event: events.Envelope) -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise TemporaryError("member busy", delay=0.8)
+
+    async with connected(nats_server, f"tmp{unique}") as bus, consuming(bus, handler):
+        await bus.publish(observed("a", 1))
+        await until(lambda: len(calls) == 2)
+    assert calls[1] - calls[0] >= 0.75
+
+
+async def test_retry_never_lets_a_newer_event_of_the_key_overtake(
+    nats_server: NatsServer, unique: str
+) -> None:
+    seen: list[int] = []
+
+    async def handler(event: events.Envelope) -> None:
+        seen.append(seq_of(event))
+        if seen == [1]:
+            raise TemporaryError("not yet", delay=0.3)
+
+    async with connected(nats_server, f"ord{unique}") as bus, consuming(bus, handler):
+        await bus.publish_batch([observed("a", i) for i in (1, 2, 3)])
+        await until(lambda: len(seen) == 4)
+    assert seen == [1, 1, 2, 3]
+
+
+async def test_permanent_error_dead_letters_and_the_key_carries_on(
+    nats_server: NatsServer, unique: str
+) -> None:
+    handled: list[int] = []
+    hooked: list[busmod.DeadLetter] = []
+
+    async def handler(event: events.Envelope) -> None:
+        if seq_of(event) == 1:
+            raise PermanentError("spec.replicas must be a number")
+        handled.append(seq_of(event))
+
+    async def hook(letter: busmod.DeadLetter) -> None:
+        hooked.append(letter)
+
+    async with (
+        connected(nats_server, f"perm{unique}") as bus,
+        consuming(bus, handler, on_dead_letter=hook),
+    ):
+        await bus.publish_batch([observed("a", 1), observed("a", 2)])
+        await until(lambda: handled == [2] and len(hooked) == 1)
+        letters = await bus.dead_letters()
+    assert len(letters) == 1
+    assert letters[0].reason == "PermanentError"
+    assert "spec.replicas must be a number" in letters[0].error
+    assert letters[0].envelope is not None and seq_of(letters[0].envelope) == 1
+    assert hooked[0].envelope == letters[0].envelope
+
+
+async def test_poison_bytes_are_dead_lettered_and_others_flow(
+    nats_server: NatsServer, unique: str
+) -> None:
+    handled: list[int] = []
+
+    async def handler(event: events.Envelope) -> None:
+        handled.append(seq_of(event))
+
+    async with connected(nats_server, f"poison{unique}") as bus, consuming(bus, handler):
+        subject = bus.topology.event_subject("ResourceObserved", "junk")
+        await bus.js.publish(subject, b"{not json", headers={busmod.KEY_HEADER: "junk"})
+        await bus.publish(observed("b", 7))
+        await until(lambda: handled == [7])
+        letters: list[busmod.DeadLetter] = []
+
+        async def poll() -> bool:
+            letters[:] = await bus.dead_letters()
+            return bool(letters)
+
+        deadline = time.monotonic() + 10
+        while not await poll():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+    assert letters[0].reason == "InvalidEvent"
+    assert "not a valid Flotilla event" in letters[0].error
+    assert letters[0].data == b"{not json"
+
+
+async def test_retries_exhausted_go_to_the_dead_letter_stream(
+    nats_server: NatsServer, unique: str
+) -> None:
+    attempts = 0
+
+    async def handler(event: events.Envelope) -> None:
+        nonlocal attempts
+        attempts += 1
+        raise TemporaryError("still down", delay=0.05)
+
+    async with (
+        connected(nats_server, f"exh{unique}") as bus,
+        consuming(bus, handler, max_deliver=3),
+    ):
+        await bus.publish(observed("a", 1))
+        await until(lambda: attempts == 3)
+        letters: list[busmod.DeadLetter] = []
+        deadline = time.monotonic() + 10
+        while not letters:
+            letters = await bus.dead_letters()
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+    assert letters[0].reason == "RetriesExhausted"
+    assert letters[0].delivered == 3
+
+
+@pytest.mark.slow
+async def test_two_instances_keep_per_key_order_and_handle_each_event_once(
+    nats_server: NatsServer, unique: str
+) -> None:
+    keys, per_key = 50, 20
+    handled: dict[str, list[int]] = defaultdict(list)
+    by_instance: dict[str, set[str]] = defaultdict(set)
+    effects: set[str] = set()
+
+    def handler_for(instance: str) -> ObservedHandler:
+        async def handler(event: events.Envelope) -> None:
+            await asyncio.sleep(0.001)  # let keys interleave
+            if event.id not in effects:  # the effect is idempotent by event id
+                effects.add(event.id)
+                handled[event.key].append(seq_of(event))
+            by_instance[instance].add(event.key)
+
+        return handler
+
+    async with (
+        connected(nats_server, f"two{unique}") as bus,
+        consuming(bus, handler_for("i1"), instance="i1") as first,
+        consuming(bus, handler_for("i2"), instance="i2") as second,
+    ):
+        await until(
+            lambda: (
+                first.partitions
+                and second.partitions
+                and len(first.partitions | second.partitions) == 4
+            )
+        )
+        assert not first.partitions & second.partitions
+        batch = [observed(f"k{k}", s) for s in range(per_key) for k in range(keys)]
+        for start in range(0, len(batch), 200):
+            await bus.publish_batch(batch[start : start + 200])
+        await until(lambda: sum(map(len, handled.values())) == keys * per_key, timeout=60)
+    assert len(handled) == keys
+    for key, seqs in handled.items():
+        assert seqs == list(range(per_key)), key
+    assert by_instance["i1"] and by_instance["i2"], "both instances must take part"
+    assert not by_instance["i1"] & by_instance["i2"], "a key must stay on one instance"
+
+
+@pytest.mark.slow
+async def test_nats_killed_mid_stream_resumes_without_loss(
+    fresh_nats: NatsServer, unique: str
+) -> None:
+    total = 300
+    handled: set[int] = set()
+
+    async def handler(event: events.Envelope) -> None:
+        await asyncio.sleep(0.01)
+        handled.add(seq_of(event))
+
+    async with connected(fresh_nats, f"kill{unique}") as bus:
+        await bus.publish_batch([observed(f"k{i % 10}", i) for i in range(total)])
+        async with consuming(bus, handler):
+            await until(lambda: len(handled) > 20)
+            fresh_nats.kill()
+            assert len(handled) < total, "the kill must land mid-stream"
+            await asyncio.sleep(0.5)
+            fresh_nats.start()
+            await until(lambda: len(handled) == total, timeout=60)
+    assert handled == set(range(total))
+
+
+async def test_trace_continues_from_publisher_to_consumer(
+    nats_server: NatsServer, unique: str
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    got = asyncio.Event()
+
+    async def handler(event: events.Envelope) -> None:
+        got.set()
+
+    async with connected(nats_server, f"trace{unique}", tracer) as bus, consuming(bus, handler):
+        with tracer.start_as_current_span("hub change") as root:
+            await bus.publish(observed("a", 1))
+        await asyncio.wait_for(got.wait(), 20)
+    spans = exporter.get_finished_spans()
+    (publish,) = [s for s in spans if s.kind == SpanKind.PRODUCER]
+    (process,) = [s for s in spans if s.kind == SpanKind.CONSUMER]
+    trace_id = root.get_span_context().trace_id
+    assert publish.context is not None and process.context is not None
+    assert publish.context.trace_id == process.context.trace_id == trace_id
+    assert process.parent is not None and process.parent.span_id == publish.context.span_id
+    assert process.attributes is not None
+    assert process.attributes["messaging.system"] == "nats"
+
+
+async def test_replay_reads_a_window_by_sequence_and_type(
+    nats_server: NatsServer, unique: str
+) -> None:
+    async with connected(nats_server, f"replay{unique}") as bus:
+        acks = await bus.publish_batch([observed("a", i) for i in range(10)])
+        window = [
+            r
+            async for r in bus.replay(
+                start_sequence=acks[3].seq,
+                end_sequence=acks[6].seq,
+                event_types=["ResourceObserved"],
+            )
+        ]
+        assert [seq_of(r.envelope) for r in window] == [3, 4, 5, 6]
+        assert [r async for r in bus.replay(event_types=["PlacementDecided"])] == []
+        assert len([r async for r in bus.replay()]) == 10

@@ -1,0 +1,170 @@
+"""Per-key ordering, concurrency bounds and parking, with fake deliveries."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+
+from flotilla.common.queueing import KeyedQueue, Retry
+
+
+@dataclass(eq=False)
+class FakeDelivery:
+    key: str
+    sequence: int
+    beats: int = 0
+    released: bool = False
+    acked_as_duplicate: bool = False
+    log: list[str] = field(default_factory=list)
+
+    async def heartbeat(self) -> None:
+        self.beats += 1
+
+
+def make_queue(
+    process: object, *, concurrency: int = 4, heartbeat: float = 0.01, grace: float = 5.0
+) -> KeyedQueue[FakeDelivery]:
+    async def release(d: FakeDelivery) -> None:
+        d.released = True
+
+    async def duplicate(d: FakeDelivery) -> None:
+        d.acked_as_duplicate = True
+
+    return KeyedQueue(
+        process,  # type: ignore[arg-type]
+        concurrency=concurrency,
+        heartbeat_interval=heartbeat,
+        park_grace=grace,
+        release=release,
+        duplicate=duplicate,
+    )
+
+
+async def test_one_key_in_order_many_keys_in_parallel() -> None:
+    order: list[tuple[str, int]] = []
+    active = 0
+    peak = 0
+
+    async def process(d: FakeDelivery) -> None:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0.005)
+        order.append((d.key, d.sequence))
+        active -= 1
+
+    queue = make_queue(process, concurrency=3)
+    seq = 0
+    for _ in range(5):
+        for key in "abcdef":
+            seq += 1
+            queue.submit(FakeDelivery(key, seq))
+    await asyncio.wait_for(queue.wait_idle(), 5)
+    for key in "abcdef":
+        seqs = [s for k, s in order if k == key]
+        assert seqs == sorted(seqs) and len(seqs) == 5
+    assert peak == 3
+    await queue.drain(1)
+
+
+async def test_retry_parks_the_key_until_the_redelivery_arrives() -> None:
+    seen: list[int] = []
+    failed_once = False
+
+    async def process(d: FakeDelivery) -> Retry | None:
+        nonlocal failed_once
+        seen.append(d.sequence)
+        if d.sequence == 1 and not failed_once:
+            failed_once = True
+            return Retry(delay=0.05)
+        return None
+
+    queue = make_queue(process)
+    first, second = FakeDelivery("k", 1), FakeDelivery("k", 2)
+    queue.submit(first)
+    queue.submit(second)
+    await asyncio.sleep(0.1)
+    assert seen == [1], "the second event must wait for the first one's retry"
+    assert second.beats > 0, "a parked delivery is kept alive"
+    queue.submit(FakeDelivery("k", 1))  # the server redelivers #1
+    await asyncio.wait_for(queue.wait_idle(), 5)
+    assert seen == [1, 1, 2]
+    await queue.drain(1)
+
+
+async def test_a_redelivery_that_never_comes_releases_the_key() -> None:
+    seen: list[int] = []
+
+    async def process(d: FakeDelivery) -> Retry | None:
+        seen.append(d.sequence)
+        return Retry(delay=0.01) if d.sequence == 1 else None
+
+    queue = make_queue(process, grace=0.05)
+    queue.submit(FakeDelivery("k", 1))
+    queue.submit(FakeDelivery("k", 2))
+    await asyncio.wait_for(queue.wait_idle(), 5)
+    assert seen == [1, 2]
+    await queue.drain(1)
+
+
+async def test_an_already_processed_sequence_is_acknowledged_not_reprocessed() -> None:
+    seen: list[int] = []
+
+    async def process(d: FakeDelivery) -> None:
+        seen.append(d.sequence)
+        await asyncio.sleep(0.02)
+
+    queue = make_queue(process)
+    queue.submit(FakeDelivery("k", 1))
+    queue.submit(FakeDelivery("k", 2))
+    late = FakeDelivery("k", 1)
+    await asyncio.sleep(0.03)  # #1 done, #2 running: the key is still known
+    queue.submit(late)
+    await asyncio.wait_for(queue.wait_idle(), 5)
+    await asyncio.sleep(0)
+    assert seen == [1, 2]
+    assert late.acked_as_duplicate
+    await queue.drain(1)
+
+
+async def test_drain_finishes_running_work_and_hands_back_the_rest() -> None:
+    started = asyncio.Event()
+    finished: list[int] = []
+
+    async def process(d: FakeDelivery) -> None:
+        started.set()
+        await asyncio.sleep(0.05)
+        finished.append(d.sequence)
+
+    queue = make_queue(process)
+    waiting = [FakeDelivery("k", i) for i in range(2, 5)]
+    queue.submit(FakeDelivery("k", 1))
+    for d in waiting:
+        queue.submit(d)
+    await started.wait()
+    await queue.drain(timeout=2)
+    assert finished == [1]
+    assert all(d.released for d in waiting)
+    late = FakeDelivery("other", 9)
+    queue.submit(late)
+    await asyncio.sleep(0.01)
+    assert late.released
+
+
+@pytest.mark.parametrize("crash", [RuntimeError("boom"), KeyError("x")], ids=["runtime", "key"])
+async def test_a_crashing_processor_does_not_kill_the_queue(crash: Exception) -> None:
+    calls: list[int] = []
+
+    async def process(d: FakeDelivery) -> None:
+        calls.append(d.sequence)
+        if len(calls) == 1:
+            raise crash
+
+    queue = make_queue(process, grace=0.01)
+    queue.submit(FakeDelivery("k", 1))
+    queue.submit(FakeDelivery("j", 2))
+    await asyncio.wait_for(queue.wait_idle(), 5)
+    assert sorted(calls) == [1, 2]
+    await queue.drain(1)
