@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+from redis.asyncio import Redis
 
 from flotilla.common import capacity
 from flotilla.common.capacity import (
@@ -165,8 +166,13 @@ async def test_zero_replicas_and_pod_slots(cache: CapacityCache) -> None:
 
 @pytest.mark.parametrize(
     ("per_replica", "replicas", "ttl"),
-    [({"cpu": -1}, 1, 60.0), ({"cpu": 1}, -1, 60.0), ({"cpu": 1}, 1, 0.0)],
-    ids=["negative-request", "negative-replicas", "zero-ttl"],
+    [
+        ({"cpu": -1}, 1, 60.0),
+        ({"cpu": 1}, -1, 60.0),
+        ({"cpu": 1}, 1, 0.0),
+        ({"cpu": 1}, 1, float("inf")),
+    ],
+    ids=["negative-request", "negative-replicas", "zero-ttl", "infinite-ttl"],
 )
 async def test_invalid_reservations_are_rejected(
     cache: CapacityCache, per_replica: dict[str, int], replicas: int, ttl: float
@@ -280,6 +286,20 @@ async def test_redis_down_is_unavailable_and_recovery_needs_no_restart(
         await cache.put(record("c", {"cpu": 4000, "pods": 10}))
         assert await cache.reserve("c", "r", {"cpu": 1000}, 4, ttl=60)
         assert (await cache.snapshot()).clusters["c"].reserved == {"cpu": 4000, "pods": 4}
+
+
+async def test_works_with_a_caller_client_that_decodes_responses(
+    redis_server: RedisServer, unique: str
+) -> None:
+    client = Redis.from_url(redis_server.url, decode_responses=True)
+    cache = RedisCapacityCache(client, prefix=f"test:{unique}:decoded:")
+    try:
+        await cache.put(record("c", {"cpu": 4000, "pods": 10}))
+        assert await cache.reserve("c", "r", {"cpu": 1000}, 2, ttl=60)
+        assert (await cache.snapshot()).clusters["c"].reserved == {"cpu": 2000, "pods": 2}
+        assert [r.id for r in await cache.reservations("c")] == ["r"]
+    finally:
+        await cache.aclose()
 
 
 def test_fake_can_play_a_dead_redis() -> None:

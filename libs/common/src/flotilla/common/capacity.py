@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Protocol
@@ -287,8 +288,8 @@ def _validate_reservation(per_replica: Mapping[str, int], replicas: int, ttl: fl
     pod_shape(per_replica)
     if replicas < 0:
         raise ValueError(f"replicas must not be negative, got {replicas}")
-    if not ttl > 0:
-        raise ValueError(f"ttl must be positive, got {ttl}")
+    if not (ttl > 0 and math.isfinite(ttl)):
+        raise ValueError(f"ttl must be positive and finite, got {ttl}")
 
 
 # Redis layout, all under one prefix (default ``flotilla:capacity:``):
@@ -403,6 +404,11 @@ return out
 DEFAULT_PREFIX = "flotilla:capacity:"
 
 
+def _text(value: bytes | str) -> str:
+    """Replies are bytes, or str when the caller's client decodes responses."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 @contextlib.contextmanager
 def _unavailable(operation: str) -> Iterator[None]:
     try:
@@ -490,14 +496,14 @@ class RedisCapacityCache:
         taken_at = int(reply[0]) + int(reply[1]) / 1e6
         out = []
         for name, raw, held in reply[2:]:
-            cluster = name.decode()
+            cluster = _text(name)
             record = ClusterCapacity.model_validate_json(raw)
             reservations = []
             for i in range(0, len(held), 3):
                 body = json.loads(held[i + 1])
                 reservations.append(
                     Reservation(
-                        id=held[i].decode(),
+                        id=_text(held[i]),
                         cluster=cluster,
                         requests=body["requests"],
                         replicas=body["replicas"],
