@@ -1,0 +1,213 @@
+"""The scheduler core: one input, one snapshot, ``filter → score → select → assign``.
+
+`schedule` is the entry point the scheduler service calls for every object it
+(re)considers: it builds a `model.SchedulingInput` from the ``ResourceAnalyzed``
+event, the effective policy, a `model.Fleet` (built once per capacity snapshot and
+shared by all decisions against it), the durable previous placement and the
+placements of the object's dependencies, then stores and publishes the `Decision`
+(compare-and-set on the placement record, reservations, ``PlacementDecided``).
+Nothing here does I/O, reads a clock or draws a random number: the same input gives
+the same decision, ``decision_id`` included, which is what makes replay useful.
+
+Steps (after Karmada's ``generic_scheduler``):
+
+1. **strategy** — the object's ``flotilla.io/strategy`` annotation wins, then the
+   policy's ``strategy``, then the interpreter's default carried by the event;
+2. **filter** — every registered filter (`flotilla.scheduler.filters`) in order;
+3. **score** — rank what is left (`flotilla.scheduler.scores`);
+4. **select and assign** — the strategy (`flotilla.scheduler.strategies`);
+5. **retire** — clusters that held the object and are not chosen any more stay in
+   the decision as ``Retiring`` with their replicas: moves are make-before-break
+   (ARCHITECTURE.md section 5), and the drain coordinator removes that work once
+   the new placement is ready. A Retiring cluster that is chosen again becomes
+   Active; one that left the fleet is dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import zlib
+from collections import Counter
+from collections.abc import Sequence
+
+from flotilla.common import api
+from flotilla.common.api import GroupVersionKind, PlacementState, Strategy
+from flotilla.common.events import ClusterPlacement
+from flotilla.scheduler import filters, scores, strategies
+from flotilla.scheduler.model import (
+    ClusterView,
+    Context,
+    Decision,
+    Rejections,
+    SchedulingInput,
+    aware,
+)
+
+
+def effective_strategy(inp: SchedulingInput) -> Strategy:
+    """Annotation, then policy, then the interpreter's default (``ValueError`` if bad)."""
+    metadata = inp.analyzed.object.get("metadata") or {}
+    override = (metadata.get("annotations") or {}).get(api.STRATEGY_ANNOTATION)
+    if override is not None:
+        return api.parse_strategy(override, source=f"annotation {api.STRATEGY_ANNOTATION}")
+    if inp.policy is not None and inp.policy.strategy is not None:
+        return inp.policy.strategy
+    return inp.analyzed.strategy
+
+
+def context(inp: SchedulingInput, strategy: Strategy) -> Context:
+    """The facts every unit of this decision reads, derived once."""
+    analyzed = inp.analyzed
+    policy = inp.policy
+    components = tuple(analyzed.components)
+    replicas = analyzed.replicas
+    if components:
+        required = 1
+    elif not analyzed.requests:
+        # Nothing to measure: an object without requests (a ConfigMap, or a Pod
+        # that asks for nothing) is not judged on capacity.
+        required = 0
+    elif strategy is Strategy.SPLIT:
+        required = 1 if (replicas is None or replicas > 0) else 0
+    else:
+        required = 1 if replicas is None else replicas
+    held = {p.cluster: p.replicas or 0 for p in inp.previous if p.state is PlacementState.ACTIVE}
+    return Context(
+        input=inp,
+        strategy=strategy,
+        gvk=GroupVersionKind.from_api_version(analyzed.ref.api_version, analyzed.ref.kind),
+        per_replica=analyzed.requests,
+        components=components,
+        replicas=replicas,
+        required=required,
+        held=held,
+        cluster_selector=policy.cluster_selector if policy else None,
+        cluster_names=(
+            frozenset(policy.cluster_names)
+            if policy is not None and policy.cluster_names is not None
+            else None
+        ),
+        tolerations=tuple(policy.tolerations) if policy else (),
+        max_clusters=policy.max_clusters if policy else None,
+        spread=policy.spread if policy else None,
+        split_by=policy.split_by if policy else api.SplitBy.CAPACITY,
+        weights=tuple(policy.weights) if policy else (),
+        seed=zlib.crc32(inp.uid.encode()),
+    )
+
+
+def run_filters(ctx: Context) -> tuple[list[ClusterView], Rejections]:
+    """The clusters every filter passes, and a verdict for each one rejected."""
+    candidates = list(ctx.fleet.views)
+    rejections: Rejections = {}
+    for _, unit in filters.FILTERS.items():
+        if not candidates:
+            break
+        rejected = unit(ctx, candidates)
+        if rejected:
+            rejections.update(rejected)
+            candidates = [c for c in candidates if c.name not in rejected]
+    return candidates, rejections
+
+
+def unschedulable_reason(rejections: Rejections, clusters: int) -> str:
+    """``no cluster can take it: 3 rejected (cordon 1, taints 2)`` — one line."""
+    if clusters == 0:
+        return "no cluster can take it: no clusters are registered"
+    counts = Counter(v.unit for v in rejections.values())
+    parts = ", ".join(f"{unit} {n}" for unit, n in sorted(counts.items()))
+    return f"no cluster can take it: {len(rejections)} of {clusters} rejected ({parts})"
+
+
+def schedule(inp: SchedulingInput) -> Decision:
+    """Decide where one object runs; pure and deterministic."""
+    analyzed = inp.analyzed
+    inp = _normalised(inp)
+    try:
+        strategy = effective_strategy(inp)
+    except ValueError as error:
+        return _finish(inp, analyzed.strategy, [], str(error), {}, schedulable=False)
+    if analyzed.deleted:
+        return _finish(
+            inp, strategy, [], "object deleted; removed from every cluster", {}, deleted=True
+        )
+    if strategy is Strategy.AS_NEEDED:
+        outcome = strategies.STRATEGIES[strategy.value](context(inp, strategy), [])
+        return _finish(inp, strategy, [], outcome.reason, {}, retire=False)
+    ctx = context(inp, strategy)
+    candidates, rejections = run_filters(ctx)
+    ranked = scores.rank(ctx, candidates)
+    outcome = strategies.STRATEGIES[strategy.value](ctx, ranked)
+    rejections.update(outcome.rejections)
+    reason = outcome.reason or unschedulable_reason(rejections, len(ctx.fleet.views))
+    return _finish(
+        inp,
+        strategy,
+        outcome.placements,
+        reason,
+        rejections,
+        schedulable=outcome.schedulable,
+        pending=outcome.pending,
+    )
+
+
+def _normalised(inp: SchedulingInput) -> SchedulingInput:
+    if inp.now.tzinfo is not None:
+        return inp
+    return dataclasses.replace(inp, now=aware(inp.now))
+
+
+def _finish(
+    inp: SchedulingInput,
+    strategy: Strategy,
+    placements: Sequence[tuple[str, int | None]],
+    reason: str,
+    rejections: Rejections,
+    *,
+    schedulable: bool = True,
+    pending: int = 0,
+    deleted: bool = False,
+    retire: bool = True,
+) -> Decision:
+    active = [ClusterPlacement(cluster=name, replicas=n) for name, n in placements]
+    chosen = {name for name, _ in placements}
+    retiring = []
+    if retire and not deleted:
+        known = inp.fleet.by_name
+        seen = set(chosen)
+        for previous in inp.previous:
+            if previous.cluster in seen or previous.cluster not in known:
+                continue
+            seen.add(previous.cluster)
+            retiring.append(
+                ClusterPlacement(
+                    cluster=previous.cluster,
+                    replicas=previous.replicas,
+                    state=PlacementState.RETIRING,
+                )
+            )
+    clusters = (*active, *retiring)
+    result = "\x1f".join(
+        [
+            strategy.value,
+            reason,
+            str(schedulable),
+            str(pending),
+            str(deleted),
+            *(f"{p.cluster}={p.replicas}:{p.state.value}" for p in clusters),
+            *(f"{name}!{v.code.value}:{v}" for name, v in sorted(rejections.items())),
+        ]
+    )
+    decision_id = hashlib.sha256(f"{inp.digest()}\x1e{result}".encode()).hexdigest()[:32]
+    return Decision(
+        ref=inp.analyzed.ref,
+        decision_id=decision_id,
+        strategy=strategy,
+        clusters=clusters,
+        reason=reason,
+        rejections=rejections,
+        schedulable=schedulable and (bool(active) or strategy is Strategy.AS_NEEDED or deleted),
+        pending=pending,
+        deleted=deleted,
+    )

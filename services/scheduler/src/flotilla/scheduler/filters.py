@@ -1,0 +1,269 @@
+"""Filters: which clusters may hold an object, and a readable reason for each that may not.
+
+Each filter is a small function registered by name in `FILTERS`. It receives the
+decision's `Context` and the clusters still in the running, and returns a
+`Verdict` for every cluster it rejects (clusters that pass are simply absent) —
+rejections are values, so ``describe`` can say why an object is not where the user
+expected. Filters run in registration order and a rejected cluster is not shown to
+later filters, so each cluster carries the first reason it failed, as in the
+Kubernetes scheduler. Cheap checks on policy come first, capacity last.
+
+A filter works on the whole candidate list at once rather than one cluster at a
+time: most of them turn into a set lookup per cluster against data the `Fleet`
+computed once per snapshot, which is what keeps a decision over a thousand
+clusters within a couple of milliseconds.
+
+New placements and existing ones are not judged alike. A cluster that already
+holds the object (it is in ``ctx.held``) keeps it through everything that only
+stops *new* work from arriving:
+
+==================  ==============================  ================================
+filter              rejects new placements          rejects existing placements
+==================  ==============================  ================================
+reschedule          listed in ``avoid_clusters``    yes (that is the request's point)
+cluster-names       not in ``clusterNames``         yes (the policy changed)
+cluster-selector    labels do not match             yes (the policy changed)
+draining            ``evictAfter`` set at all       once ``evictAfter`` ≤ now
+cordon              ``spec.unschedulable``          no
+ready               Ready is not True or missing    no — moving work off a NotReady
+                                                    cluster after the policy's
+                                                    ``failover.tolerationSeconds`` is
+                                                    the drain coordinator's job; it
+                                                    asks via ``avoid_clusters``
+taints              NoSchedule / NoExecute not      NoExecute not tolerated, or
+                    tolerated; NoExecute tolerated  tolerated for tolerationSeconds
+                    only for tolerationSeconds      that have run out since the
+                    (it would be evicted soon)      taint's ``timeAdded``
+api-resources       GVK not served (an empty list   yes (the object cannot exist there)
+                    means "not reported yet" and
+                    passes: the syncer's apply
+                    reports a real mismatch)
+dependencies        a pinned dependency is          yes (the object must follow it)
+                    elsewhere
+capacity            fit below what a new placement  no — its replicas are already
+                    needs; no capacity record       counted there; split caps it
+==================  ==============================  ================================
+
+``tolerationSeconds`` follows core/v1: among matching tolerations the smallest
+``tolerationSeconds`` wins and a toleration without it tolerates forever; a taint
+without ``timeAdded`` has not started its clock (the watcher should stamp it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from flotilla.common import quantity
+from flotilla.common.api import Taint as ClusterTaint
+from flotilla.common.api import TaintEffect, Toleration, TolerationOperator
+from flotilla.scheduler.model import (
+    ClusterView,
+    Code,
+    Context,
+    Registry,
+    Rejections,
+    Verdict,
+    aware,
+)
+
+Filter = Callable[[Context, Sequence[ClusterView]], Rejections]
+
+FILTERS: Registry[Filter] = Registry("filter")
+
+
+@FILTERS.register("reschedule")
+def avoided(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
+    avoid = ctx.input.avoid_clusters
+    if not avoid:
+        return {}
+    verdict = Verdict(
+        Code.UNSCHEDULABLE, "reschedule", "a reschedule request asked to move off this cluster"
+    )
+    return {c.name: verdict for c in candidates if c.name in avoid}
+
+
+@FILTERS.register("cluster-names")
+def cluster_names(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
+    allowed = ctx.cluster_names
+    if allowed is None:
+        return {}
+    verdict = Verdict(Code.UNRESOLVABLE, "cluster-names", "not in the policy's clusterNames")
+    return {c.name: verdict for c in candidates if c.name not in allowed}
+
+
+@FILTERS.register("cluster-selector")
+def cluster_selector(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
+    selector = ctx.cluster_selector
+    if selector is None:
+        return {}
+    selected = ctx.fleet.selected_by(selector)
+    verdict = Verdict(
+        Code.UNRESOLVABLE, "cluster-selector", "labels do not match the policy's clusterSelector"
+    )
+    return {c.name: verdict for c in candidates if c.name not in selected}
+
+
+@FILTERS.register("draining")
+def draining(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
+    rejected: Rejections = {}
+    for c in candidates:
+        if c.evict_after is None:
+            continue
+        when = c.evict_after.isoformat()
+        if c.evict_after <= ctx.now:
+            reason = f"draining since {when} (spec.evictAfter); every placement moves away"
+        elif c.name not in ctx.held:
+            reason = f"drain scheduled at {when} (spec.evictAfter); no new placements"
+        else:
+            continue
+        rejected[c.name] = Verdict(Code.UNSCHEDULABLE, "draining", reason)
+    return rejected
+
+
+@FILTERS.register("cordon")
+def cordon(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
+    verdict = Verdict(
+        Code.UNSCHEDULABLE, "cordon", "cordoned (spec.unschedulable); no new placements"
+    )
+    held = ctx.held
+    return {c.name: verdict for c in candidates if c.unschedulable and c.name not in held}
+
+
+@FILTERS.register("ready")
+def ready(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
+    held = ctx.held
+    return {
+        c.name: Verdict(Code.UNSCHEDULABLE, "ready", f"not Ready: {c.not_ready_reason}")
+        for c in candidates
+        if not c.ready and c.name not in held
+    }
+
+
+def tolerates(toleration: Toleration, taint: ClusterTaint) -> bool:
+    """core/v1 ``Toleration.ToleratesTaint``."""
+    if toleration.effect is not None and toleration.effect is not taint.effect:
+        return False
+    if toleration.key and toleration.key != taint.key:
+        return False
+    if toleration.operator is TolerationOperator.EXISTS:
+        return True
+    return toleration.value == taint.value
+
+
+def _describe_taint(taint: ClusterTaint) -> str:
+    value = f"={taint.value}" if taint.value else ""
+    return f"{taint.key}{value}:{taint.effect.value}"
+
+
+def _taint_verdict(ctx: Context, cluster: ClusterView) -> Verdict | None:
+    existing = cluster.name in ctx.held
+    for taint in cluster.taints:
+        matching = [t for t in ctx.tolerations if tolerates(t, taint)]
+        shown = _describe_taint(taint)
+        if not matching:
+            if taint.effect is TaintEffect.NO_EXECUTE or not existing:
+                return Verdict(Code.UNSCHEDULABLE, "taints", f"taint {shown} is not tolerated")
+            continue
+        if taint.effect is not TaintEffect.NO_EXECUTE:
+            continue
+        limits = [t.toleration_seconds for t in matching if t.toleration_seconds is not None]
+        if not limits:
+            continue
+        seconds = min(limits)
+        if not existing:
+            return Verdict(
+                Code.UNSCHEDULABLE,
+                "taints",
+                f"taint {shown} is tolerated for only {seconds}s; no new placements",
+            )
+        if taint.time_added is None:
+            continue
+        elapsed = (ctx.now - aware(taint.time_added)).total_seconds()
+        if elapsed >= seconds:
+            return Verdict(
+                Code.UNSCHEDULABLE,
+                "taints",
+                f"taint {shown} was tolerated for {seconds}s and has been there {int(elapsed)}s",
+            )
+    return None
+
+
+@FILTERS.register("taints")
+def taints(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
+    rejected: Rejections = {}
+    for c in candidates:
+        if c.taints:
+            verdict = _taint_verdict(ctx, c)
+            if verdict is not None:
+                rejected[c.name] = verdict
+    return rejected
+
+
+@FILTERS.register("api-resources")
+def api_resources(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
+    gvk = ctx.gvk
+    verdict = Verdict(Code.UNSCHEDULABLE, "api-resources", f"does not serve {gvk}")
+    return {c.name: verdict for c in candidates if c.api_resources and gvk not in c.api_resources}
+
+
+@FILTERS.register("dependencies")
+def dependencies(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
+    pinned = [
+        (key, frozenset(where))
+        for key, where in sorted(ctx.input.dependency_placements.items())
+        if where
+    ]
+    if not pinned:
+        return {}
+    rejected: Rejections = {}
+    for c in candidates:
+        for key, where in pinned:
+            if c.name not in where:
+                rejected[c.name] = Verdict(
+                    Code.UNSCHEDULABLE,
+                    "dependencies",
+                    f"dependency {key} is placed on {', '.join(sorted(where))}",
+                )
+                break
+    return rejected
+
+
+def describe_requests(requests: dict[str, int] | None) -> str:
+    """``cpu=500m, memory=1Gi`` — a request shape as a person writes it."""
+    if not requests:
+        return "nothing"
+    return ", ".join(f"{r}={quantity.format_units(r, n)}" for r, n in sorted(requests.items()))
+
+
+@FILTERS.register("capacity")
+def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
+    required = ctx.required
+    if required == 0:
+        return {}
+    if ctx.components:
+        fits = ctx.fleet.set_fits(ctx.components)
+        unit = "whole component set" if required == 1 else "whole component sets"
+        shape = "; ".join(
+            f"{c.name} {c.replicas}x({describe_requests(c.requests)})" for c in ctx.components
+        )
+    else:
+        fits = ctx.fleet.fits(ctx.per_replica)
+        unit = "replica" if required == 1 else "replicas"
+        shape = describe_requests(dict(ctx.per_replica))
+    held = ctx.held
+    rejected: Rejections = {}
+    for c in candidates:
+        if c.name in held:
+            continue
+        fit = fits.get(c.name)
+        if fit is None:
+            rejected[c.name] = Verdict(
+                Code.UNSCHEDULABLE, "capacity", "no capacity record in the snapshot yet"
+            )
+        elif fit < required:
+            rejected[c.name] = Verdict(
+                Code.UNSCHEDULABLE,
+                "capacity",
+                f"room for {fit} of {required} {unit} ({shape})",
+            )
+    return rejected

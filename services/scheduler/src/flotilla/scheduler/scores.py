@@ -1,0 +1,106 @@
+"""Scores: an order over the clusters that passed the filters.
+
+Each score is a small function registered by name in `SCORES` with a weight; it
+returns 0-100 per candidate (higher is better). `rank` sums the weighted scores and
+orders the candidates, best first. Strategies read that order: ``any`` takes the
+first cluster, ``maxClusters`` and ``spread`` keep the best ones, and ``split``
+gives remainder replicas to better-ranked clusters first.
+
+* ``stability`` (weight 3) — 100 where the object already runs. Its weight is
+  larger than the other scores' combined maximum, so an object never moves to a
+  merely better cluster; only a filter (drain, policy change) makes it move.
+* ``capacity`` (weight 1) — room for this object: replicas (or component sets)
+  that fit, relative to the roomiest candidate. For objects whose requests the core
+  cannot judge, the free share of CPU and memory instead.
+* ``balance`` (weight 1) — fewer objects already placed on the cluster
+  (``status.placements``), relative to the busiest candidate.
+
+Ties are broken by ``Context.tiebreak`` (crc32 of the object's uid and the cluster
+name), then by name: deterministic everywhere, yet different objects with equal
+scores do not all pile onto the same cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from flotilla.scheduler.model import UNBOUNDED, ClusterView, Context, Registry
+
+ScoreFn = Callable[[Context, Sequence[ClusterView]], Mapping[str, float]]
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    weight: int
+    fn: ScoreFn
+
+
+SCORES: Registry[Score] = Registry("score")
+
+MAX = 100.0
+
+
+def score(name: str, weight: int) -> Callable[[ScoreFn], ScoreFn]:
+    """Register ``fn`` as the score ``name`` with ``weight``."""
+
+    def decorate(fn: ScoreFn) -> ScoreFn:
+        SCORES.add(name, Score(weight, fn))
+        return fn
+
+    return decorate
+
+
+@score("stability", weight=3)
+def stability(ctx: Context, candidates: Sequence[ClusterView]) -> Mapping[str, float]:
+    held = ctx.held
+    return {c.name: MAX if c.name in held else 0.0 for c in candidates}
+
+
+def _free_share(view: ClusterView) -> float:
+    record = view.capacity
+    if record is None:
+        return 0.0
+    shares = []
+    for resource in ("cpu", "memory"):
+        allocatable = record.allocatable.get(resource, 0)
+        if allocatable > 0:
+            free = record.available.get(resource, 0) - record.reserved.get(resource, 0)
+            shares.append(max(free, 0) / allocatable)
+    return sum(shares) / len(shares) if shares else 0.0
+
+
+@score("capacity", weight=1)
+def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Mapping[str, float]:
+    if ctx.required == 0:
+        return {c.name: MAX * min(_free_share(c), 1.0) for c in candidates}
+    room = {c.name: ctx.capacity_of(c.name) or 0 for c in candidates}
+    most = max((r for r in room.values() if r < UNBOUNDED), default=0)
+    if most == 0:
+        return dict.fromkeys(room, MAX)
+    return {name: MAX * min(r, most) / most for name, r in room.items()}
+
+
+@score("balance", weight=1)
+def balance(ctx: Context, candidates: Sequence[ClusterView]) -> Mapping[str, float]:
+    busiest = max((c.placements for c in candidates), default=0)
+    if busiest == 0:
+        return {c.name: MAX for c in candidates}
+    return {c.name: MAX * (1 - c.placements / busiest) for c in candidates}
+
+
+def totals(ctx: Context, candidates: Sequence[ClusterView]) -> dict[str, float]:
+    """Cluster → weighted sum of every registered score."""
+    total = dict.fromkeys((c.name for c in candidates), 0.0)
+    for _, unit in SCORES.items():
+        for name, value in unit.fn(ctx, candidates).items():
+            total[name] += unit.weight * value
+    return total
+
+
+def rank(ctx: Context, candidates: Sequence[ClusterView]) -> list[ClusterView]:
+    """The candidates, best first (highest total, then tie-break, then name)."""
+    if len(candidates) <= 1:
+        return list(candidates)
+    total = totals(ctx, candidates)
+    return sorted(candidates, key=lambda c: (-total[c.name], ctx.tiebreak(c), c.name))

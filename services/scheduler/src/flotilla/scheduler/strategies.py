@@ -1,0 +1,340 @@
+"""Strategies: how an object maps onto the clusters that passed the filters.
+
+Each strategy (``split``, ``copy``, ``any``, ``as-needed``; ARCHITECTURE.md section
+4) is a function registered by name in `STRATEGIES`. It receives the ranked
+candidates, *selects* among them (`select`: ``maxClusters`` and ``spread``) and
+*assigns* replicas, returning an `Assignment` — the placements, one readable
+reason, and a `Verdict` for every eligible cluster it left out.
+
+``split`` divides replicas with the Sainte-Laguë (Webster) highest-averages method,
+continued from the replicas each chosen cluster already runs:
+
+* weights are the room each cluster has for the object (``splitBy: capacity``,
+  the default — free fit plus the object's own replicas there) or the policy's
+  static ``weights`` (the first rule whose selector matches gives the weight; a
+  cluster no rule selects, or with weight 0, gets nothing);
+* scaling up only adds: the next replica goes to the cluster with the highest
+  ``weight / (replicas + 0.5)``, so no cluster ever loses replicas to a scale-up;
+* scaling down only removes: the replica to go is the one on the cluster with the
+  lowest ``weight / (replicas - 0.5)`` — the most loaded relative to its weight;
+* no cluster gets more replicas than fit there; when the chosen clusters together
+  fit fewer than requested, split places what fits and reports the rest as
+  pending in the reason (the object runs degraded rather than not at all, and the
+  next capacity change re-decides);
+* a Deployment scaled to 0 keeps one copy (0 replicas) on the best-ranked cluster,
+  so the object still exists in the fleet;
+* ties go to the better-ranked cluster (see `flotilla.scheduler.scores`).
+
+The loop is a heap, O(replicas · log clusters); objects with tens of thousands of
+replicas are rare enough that no bulk divisor search is worth its complexity.
+
+``any`` places the whole object on one cluster — the current one while it stays
+eligible (the stability score ranks it first). A multi-component object goes,
+all-or-nothing, to one cluster where a whole set of its components fits, whatever
+its strategy says except ``copy`` (where every chosen cluster needs a whole set) and
+``as-needed``: its parts cannot be split across clusters.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from flotilla.common.api import SplitBy
+from flotilla.scheduler.model import (
+    MAX_SETS_ESTIMATE,
+    UNBOUNDED,
+    ClusterView,
+    Code,
+    Context,
+    Registry,
+    Rejections,
+    Verdict,
+)
+
+LISTED = 8
+"""Clusters named in a reason before it says "and N more"."""
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """What a strategy decided: placements (cluster, replicas) in rank order, and why."""
+
+    placements: Sequence[tuple[str, int | None]]
+    reason: str
+    rejections: Rejections = field(default_factory=dict)
+    schedulable: bool = True
+    pending: int = 0
+
+
+Strategy = Callable[[Context, Sequence[ClusterView]], Assignment]
+
+STRATEGIES: Registry[Strategy] = Registry("strategy")
+
+
+def listing(items: Sequence[str]) -> str:
+    shown = ", ".join(items[:LISTED])
+    return shown if len(items) <= LISTED else f"{shown} and {len(items) - LISTED} more"
+
+
+# --- select ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    chosen: list[ClusterView]
+    """In rank order."""
+    rejections: Rejections
+    problem: str = ""
+    """Why nothing can be chosen at all (an unschedulable spread), else empty."""
+
+
+def select(
+    ctx: Context, ranked: Sequence[ClusterView], limit: int | None, *, one: bool = False
+) -> Selection:
+    """Keep at most ``limit`` clusters, spread over the policy's groups, best first.
+
+    With ``spread``, groups are ordered by their best cluster; the first
+    ``maxGroups`` are used, each group's best cluster is taken before any group's
+    second, so a ``maxClusters`` limit still covers ``minGroups`` groups.
+    """
+    spread = ctx.spread
+    if spread is None:
+        if limit is None or len(ranked) <= limit:
+            return Selection(list(ranked), {})
+        return Selection(list(ranked[:limit]), _left_out(ranked[limit:], limit, one))
+    key = spread.label_key
+    rejections: Rejections = {}
+    groups: dict[str, list[ClusterView]] = {}
+    missing = Verdict(Code.UNRESOLVABLE, "spread", f"no {key} label to spread by")
+    for cluster in ranked:
+        value = cluster.labels.get(key)
+        if value is None:
+            rejections[cluster.name] = missing
+        else:
+            groups.setdefault(value, []).append(cluster)
+    if len(groups) < spread.min_groups:
+        found = f" ({listing(sorted(groups))})" if groups else ""
+        return Selection(
+            [],
+            rejections,
+            f"spread by {key} needs at least {spread.min_groups} groups; "
+            f"eligible clusters are in {len(groups)}{found}",
+        )
+    if limit is not None and limit < spread.min_groups:
+        return Selection(
+            [],
+            rejections,
+            f"spread by {key} needs {spread.min_groups} groups but only {limit} "
+            f"cluster{'s' if limit != 1 else ''} may be chosen",
+        )
+    names = list(groups)
+    used = names[: spread.max_groups] if spread.max_groups is not None else names
+    for value in names[len(used) :]:
+        verdict = Verdict(
+            Code.UNSCHEDULABLE,
+            "spread",
+            f"group {key}={value} not among the best {spread.max_groups} (maxGroups)",
+        )
+        for cluster in groups[value]:
+            rejections[cluster.name] = verdict
+    position = {c.name: i for i, c in enumerate(ranked)}
+    leaders = [groups[value][0] for value in used]
+    others = sorted(
+        (c for value in used for c in groups[value][1:]), key=lambda c: position[c.name]
+    )
+    order = leaders + others
+    if limit is not None and len(order) > limit:
+        rejections.update(_left_out(order[limit:], limit, one))
+        order = order[:limit]
+    order.sort(key=lambda c: position[c.name])
+    return Selection(order, rejections)
+
+
+def _left_out(clusters: Sequence[ClusterView], limit: int, one: bool) -> Rejections:
+    if one:
+        verdict = Verdict(
+            Code.UNSCHEDULABLE, "select", "another cluster ranked higher; the object goes to one"
+        )
+        return {c.name: verdict for c in clusters}
+    verdict = Verdict(
+        Code.UNSCHEDULABLE,
+        "max-clusters",
+        f"ranked below the {limit} chosen cluster{'s' if limit != 1 else ''} (maxClusters)",
+    )
+    return {c.name: verdict for c in clusters}
+
+
+# --- split ------------------------------------------------------------------------
+
+
+def apportion(
+    total: int, weights: Sequence[int], caps: Sequence[int], start: Sequence[int]
+) -> list[int]:
+    """Sainte-Laguë seats for ``total``, continued from ``start`` (see the module doc).
+
+    Entries are in rank order; equal quotients go to the earlier entry. ``start``
+    must not exceed ``caps``. The result sums to ``total`` unless the caps (or zero
+    weights) leave no room, in which case every cluster with room is full.
+    """
+    counts = list(start)
+    placed = sum(counts)
+    if placed < total:
+        grow = [
+            (-weights[i] / (counts[i] + 0.5), i)
+            for i in range(len(counts))
+            if counts[i] < caps[i] and weights[i] > 0
+        ]
+        heapq.heapify(grow)
+        while placed < total and grow:
+            _, i = heapq.heappop(grow)
+            counts[i] += 1
+            placed += 1
+            if counts[i] < caps[i]:
+                heapq.heappush(grow, (-weights[i] / (counts[i] + 0.5), i))
+    elif placed > total:
+        # Later-ranked entries lose first on equal quotients, hence -i.
+        shrink = [(weights[i] / (counts[i] - 0.5), -i) for i in range(len(counts)) if counts[i] > 0]
+        heapq.heapify(shrink)
+        while placed > total:
+            _, negative = heapq.heappop(shrink)
+            i = -negative
+            counts[i] -= 1
+            placed -= 1
+            if counts[i] > 0:
+                heapq.heappush(shrink, (weights[i] / (counts[i] - 0.5), -i))
+    return counts
+
+
+def _static_weights(
+    ctx: Context, ranked: Sequence[ClusterView]
+) -> tuple[list[ClusterView], dict[str, int], Rejections]:
+    selected = [ctx.fleet.selected_by(rule.cluster_selector) for rule in ctx.weights]
+    weights: dict[str, int] = {}
+    rejections: Rejections = {}
+    kept = []
+    for cluster in ranked:
+        weight = next(
+            (
+                rule.weight
+                for rule, names in zip(ctx.weights, selected, strict=True)
+                if cluster.name in names
+            ),
+            None,
+        )
+        if not weight:
+            reason = "no weight rule selects this cluster" if weight is None else "its weight is 0"
+            rejections[cluster.name] = Verdict(Code.UNRESOLVABLE, "weights", reason)
+        else:
+            weights[cluster.name] = weight
+            kept.append(cluster)
+    return kept, weights, rejections
+
+
+@STRATEGIES.register("split")
+def split(ctx: Context, ranked: Sequence[ClusterView]) -> Assignment:
+    if ctx.components:
+        return whole(ctx, ranked)
+    total = ctx.replicas if ctx.replicas is not None else 1
+    rejections: Rejections = {}
+    static: dict[str, int] = {}
+    candidates: Sequence[ClusterView] = ranked
+    if ctx.split_by is SplitBy.WEIGHTS:
+        candidates, static, rejections = _static_weights(ctx, ranked)
+    selection = select(ctx, candidates, ctx.max_clusters)
+    rejections.update(selection.rejections)
+    if selection.problem or not selection.chosen:
+        return Assignment([], selection.problem, rejections, schedulable=False)
+    chosen = selection.chosen
+    if total == 0:
+        return Assignment(
+            [(chosen[0].name, 0)],
+            f"0 replicas requested; the object stays on {chosen[0].name} with none",
+            rejections,
+        )
+    caps = []
+    for cluster in chosen:
+        room = ctx.capacity_of(cluster.name) if ctx.required else UNBOUNDED
+        caps.append(ctx.held.get(cluster.name, 0) if room is None else room)
+    if static:
+        weights = [static[c.name] for c in chosen]
+        basis = "weights"
+    else:
+        weights = [max(cap, 1) for cap in caps]
+        basis = "capacity"
+    start = [min(ctx.held.get(c.name, 0), cap) for c, cap in zip(chosen, caps, strict=True)]
+    counts = apportion(total, weights, caps, start)
+    placements = [(c.name, n) for c, n in zip(chosen, counts, strict=True) if n > 0]
+    placed = sum(counts)
+    shares = listing([f"{name}={n}" for name, n in placements])
+    reason = (
+        f"split {placed} replica{'s' if placed != 1 else ''} over {len(placements)} "
+        f"cluster{'s' if len(placements) != 1 else ''} by {basis}: {shares}"
+    )
+    pending = total - placed
+    if pending:
+        reason += f"; {pending} of {total} pending: the chosen clusters fit no more"
+    if not placements:
+        return Assignment([], f"no room for any of {total} replicas", rejections, False, pending)
+    return Assignment(placements, reason, rejections, pending=pending)
+
+
+# --- copy, any, as-needed ------------------------------------------------------------
+
+
+@STRATEGIES.register("copy")
+def copy(ctx: Context, ranked: Sequence[ClusterView]) -> Assignment:
+    selection = select(ctx, ranked, ctx.max_clusters)
+    if selection.problem or not selection.chosen:
+        return Assignment([], selection.problem, selection.rejections, schedulable=False)
+    names = [c.name for c in selection.chosen]
+    replicas = None if ctx.components else ctx.replicas
+    reason = f"copied to {len(names)} cluster{'s' if len(names) != 1 else ''}: {listing(names)}"
+    return Assignment([(n, replicas) for n in names], reason, selection.rejections)
+
+
+def _one(ctx: Context, ranked: Sequence[ClusterView]) -> tuple[ClusterView | None, Selection]:
+    limit = 1 if ctx.max_clusters is None else min(ctx.max_clusters, 1)
+    selection = select(ctx, ranked, limit, one=True)
+    return (selection.chosen[0] if selection.chosen else None), selection
+
+
+@STRATEGIES.register("any")
+def any_(ctx: Context, ranked: Sequence[ClusterView]) -> Assignment:
+    if ctx.components:
+        return whole(ctx, ranked)
+    chosen, selection = _one(ctx, ranked)
+    if chosen is None:
+        return Assignment([], selection.problem, selection.rejections, schedulable=False)
+    why = "stays where it runs" if chosen.name in ctx.held else f"best of {len(ranked)} eligible"
+    return Assignment(
+        [(chosen.name, ctx.replicas)], f"on {chosen.name} ({why})", selection.rejections
+    )
+
+
+def whole(ctx: Context, ranked: Sequence[ClusterView]) -> Assignment:
+    """A multi-component object: every component on one cluster, all or nothing."""
+    chosen, selection = _one(ctx, ranked)
+    if chosen is None:
+        return Assignment([], selection.problem, selection.rejections, schedulable=False)
+    sets = ctx.capacity_of(chosen.name)
+    if sets is None:
+        room = ""
+    else:
+        at_least = "at least " if sets >= MAX_SETS_ESTIMATE else ""
+        room = f"; room for {at_least}{sets} whole set{'s' if sets != 1 else ''}"
+    why = "stays where it runs" if chosen.name in ctx.held else f"best of {len(ranked)} eligible"
+    names = listing([c.name for c in ctx.components])
+    return Assignment(
+        [(chosen.name, None)],
+        f"all {len(ctx.components)} components ({names}) on {chosen.name} ({why}{room})",
+        selection.rejections,
+    )
+
+
+@STRATEGIES.register("as-needed")
+def as_needed(ctx: Context, ranked: Sequence[ClusterView]) -> Assignment:
+    return Assignment(
+        [], "as-needed: not placed by itself; it goes where the objects that depend on it run"
+    )
