@@ -356,15 +356,17 @@ def schema_errors(value: Any, schema: dict[str, Any], where: str = "") -> list[s
         if "pattern" in schema and not re.search(schema["pattern"], str(value)):
             return [f"{where}: {value!r} does not match {schema['pattern']}"]
         return []
-    python_type = {
+    python_types: dict[str, Any] = {
         "object": dict,
         "array": list,
         "string": str,
         "integer": int,
         "boolean": bool,
         "number": int | float,
-    }[schema["type"]]
-    if not isinstance(value, python_type) or (schema["type"] == "integer" and value is True):
+    }
+    if not isinstance(value, python_types[schema["type"]]) or (
+        schema["type"] == "integer" and value is True
+    ):
         return [f"{where}: {value!r} is not of type {schema['type']}"]
     errors: list[str] = []
     if "enum" in schema and value not in schema["enum"]:

@@ -42,6 +42,10 @@ class PodSpec:
         self.spec.setdefault("volumes", []).append(volume)
         return self
 
+    def with_volume(self, **volume: Any) -> PodSpec:
+        self.spec.setdefault("volumes", []).append({"name": "extra", **volume})
+        return self
+
     def with_projected(self, config_map: str, secret: str) -> PodSpec:
         sources = [{"configMap": {"name": config_map}}, {"secret": {"name": secret}}]
         self.spec.setdefault("volumes", []).append(
@@ -170,6 +174,25 @@ def test_deployment_yields_exactly_its_five_dependencies() -> None:
             PodSpec().with_init_container_env_from("migrations"),
             [dep("Secret", "migrations")],
             id="init-container",
+        ),
+        pytest.param(
+            PodSpec().with_volume(
+                csi={"driver": "secrets-store", "nodePublishSecretRef": {"name": "csi-creds"}}
+            ),
+            [dep("Secret", "csi-creds")],
+            id="csi-node-publish-secret",
+        ),
+        pytest.param(
+            PodSpec().with_volume(azureFile={"secretName": "azure", "shareName": "data"}),
+            [dep("Secret", "azure")],
+            id="azure-file",
+        ),
+        pytest.param(
+            PodSpec().with_volume(
+                rbd={"image": "x", "monitors": ["m"], "secretRef": {"name": "ceph"}}
+            ),
+            [dep("Secret", "ceph")],
+            id="rbd-secret-ref",
         ),
         pytest.param(
             PodSpec().with_config_map_volume("cfg").with_config_map_env("cfg"),
@@ -413,7 +436,7 @@ def test_generic_heuristics(obj: dict[str, Any], expected: list[DependencyEntry]
 
 # --- the annotation -------------------------------------------------------------------
 
-USER_ENTRIES = [
+USER_ENTRIES: list[dict[str, Any]] = [
     {"apiVersion": "example.com/v1", "kind": "Database", "name": "orders", "detected": False},
     {"apiVersion": "v1", "kind": "Secret", "name": "db-credentials", "namespace": "shop"},
 ]
@@ -452,7 +475,7 @@ def test_second_run_writes_byte_identical_annotation() -> None:
 
 
 def test_stale_detected_entries_are_replaced() -> None:
-    stale = {
+    stale: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Secret",
         "name": "gone",

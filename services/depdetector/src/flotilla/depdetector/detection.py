@@ -11,7 +11,8 @@ Detection knows no kinds itself; the interpreter tells it where pod specs and
 declared dependency paths are. Sources, in the order they are checked:
 
 1. every PodSpec the interpreter points at: ``serviceAccountName``, ``volumes``
-   (configMap, secret, persistentVolumeClaim, projected sources),
+   (configMap, secret, persistentVolumeClaim, projected sources, azureFile; the
+   other volume types' ``secretRef``/``nodePublishSecretRef`` fall under 4),
    ``envFrom``/``env[].valueFrom`` of every container kind, ``imagePullSecrets``;
 2. ``metadata.ownerReferences``;
 3. the interpreter's ``dependencies`` paths;
@@ -142,6 +143,8 @@ def _from_pod_spec(pod_spec: Mapping[str, Any], found: _Found) -> None:
         found.add(_V1, _CONFIG_MAP, _get(volume, "configMap", "name"))
         found.add(_V1, _SECRET, _get(volume, "secret", "secretName"))
         found.add(_V1, _PVC, _get(volume, "persistentVolumeClaim", "claimName"))
+        # The one in-tree volume type that names its Secret without a *SecretRef field.
+        found.add(_V1, _SECRET, _get(volume, "azureFile", "secretName"))
         for source in _maps(_get(volume, "projected", "sources")):
             found.add(_V1, _CONFIG_MAP, _get(source, "configMap", "name"))
             found.add(_V1, _SECRET, _get(source, "secret", "name"))
