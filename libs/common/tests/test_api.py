@@ -427,3 +427,32 @@ def test_failover_record_uses_from_and_to() -> None:
     assert record.from_cluster == "eu-west"
     assert record.at == datetime(2026, 11, 29, 12, tzinfo=UTC)
     assert json.loads(api.compact_json(record.model_dump(mode="json")))["from"] == "eu-west"
+
+
+# --- taints and tolerations -------------------------------------------------------------
+
+DEDICATED_BATCH = api.Taint(key="dedicated", value="batch", effect=api.TaintEffect.NO_SCHEDULE)
+
+
+@pytest.mark.parametrize(
+    ("toleration", "expected"),
+    [
+        pytest.param({"key": "dedicated", "value": "batch"}, True, id="equal-any-effect"),
+        pytest.param({"key": "dedicated", "value": "web"}, False, id="equal-other-value"),
+        pytest.param({"key": "gpu", "value": "batch"}, False, id="other-key"),
+        pytest.param({"key": "dedicated", "operator": "Exists"}, True, id="exists"),
+        pytest.param({"operator": "Exists"}, True, id="empty-key-exists-tolerates-all"),
+        pytest.param(
+            {"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"},
+            True,
+            id="same-effect",
+        ),
+        pytest.param(
+            {"key": "dedicated", "operator": "Exists", "effect": "NoExecute"},
+            False,
+            id="other-effect",
+        ),
+    ],
+)
+def test_toleration_tolerates(toleration: dict[str, Any], expected: bool) -> None:
+    assert api.Toleration.model_validate(toleration).tolerates(DEDICATED_BATCH) is expected

@@ -194,7 +194,6 @@ class _Spec(BaseModel):
         populate_by_name=True,
         serialize_by_alias=True,
         extra="forbid",
-        use_enum_values=False,
     )
 
 
@@ -252,6 +251,14 @@ class Toleration(_Spec):
         if self.toleration_seconds is not None and self.effect is not TaintEffect.NO_EXECUTE:
             raise ValueError("tolerationSeconds only applies to effect NoExecute")
         return self
+
+    def tolerates(self, taint: Taint) -> bool:
+        """Whether this toleration covers ``taint`` (core/v1 ``Toleration.ToleratesTaint``)."""
+        if self.effect is not None and self.effect is not taint.effect:
+            return False
+        if self.key and self.key != taint.key:
+            return False
+        return self.operator is TolerationOperator.EXISTS or self.value == taint.value
 
 
 class Condition(_Status):
@@ -502,7 +509,7 @@ class ResourceInterpreterSpec(_Spec):
     """A PodSpec directly (Pod: ``.spec``); alternative to podTemplate."""
     components: list[ComponentSpec] = Field(default_factory=list)
     """Pod templates of a multi-component workload, each with its own replicas; they
-    add to ``replicas`` × ``podTemplate`` when both are declared."""
+    add to ``replicas`` times ``podTemplate`` when both are declared."""
     status_aggregation: list[StatusAggregationRule] = Field(
         default_factory=list, alias="statusAggregation"
     )
