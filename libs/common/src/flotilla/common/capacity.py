@@ -36,7 +36,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Protocol
+from typing import Any, NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from redis.asyncio import Redis
@@ -379,22 +379,30 @@ if #ARGV > 1 then
 else
   names = redis.call('SMEMBERS', KEYS[1])
 end
+-- Per cluster: name, record JSON, and its live reservations as three JSON arrays
+-- (ids, bodies, expiries), built by concatenation so amounts are never re-encoded
+-- and the client parses a few strings instead of thousands of nested replies.
 local out = {t[1], t[2]}
 for _, name in ipairs(names) do
   local raw = redis.call('GET', prefix .. 'cluster:' .. name)
   if raw then
     local live = redis.call(
       'ZRANGEBYSCORE', prefix .. 'expiry:' .. name, '(' .. now_s, '+inf', 'WITHSCORES')
-    local held = {}
+    local ids, bodies, expiries = {}, {}, {}
     for i = 1, #live, 2 do
       local body = redis.call('HGET', prefix .. 'reservations:' .. name, live[i])
       if body then
-        held[#held + 1] = live[i]
-        held[#held + 1] = body
-        held[#held + 1] = live[i + 1]
+        ids[#ids + 1] = cjson.encode(live[i])
+        bodies[#bodies + 1] = body
+        expiries[#expiries + 1] = live[i + 1]
       end
     end
-    out[#out + 1] = {name, raw, held}
+    out[#out + 1] = {
+      name, raw,
+      '[' .. table.concat(ids, ',') .. ']',
+      '[' .. table.concat(bodies, ',') .. ']',
+      '[' .. table.concat(expiries, ',') .. ']',
+    }
   end
 end
 return out
@@ -404,9 +412,12 @@ return out
 DEFAULT_PREFIX = "flotilla:capacity:"
 
 
-def _text(value: bytes | str) -> str:
-    """Replies are bytes, or str when the caller's client decodes responses."""
-    return value.decode() if isinstance(value, bytes) else value
+class _Held(NamedTuple):
+    """One cluster's live reservations as the snapshot script returns them, by expiry."""
+
+    ids: list[str]
+    bodies: list[dict[str, Any]]
+    expiries: list[float]
 
 
 @contextlib.contextmanager
@@ -483,7 +494,7 @@ class RedisCapacityCache:
 
     async def _read(
         self, clusters: Iterable[str] | None
-    ) -> tuple[float, list[tuple[ClusterCapacity, list[Reservation]]]]:
+    ) -> tuple[float, list[tuple[ClusterCapacity, _Held]]]:
         names = [] if clusters is None else list(clusters)
         if clusters is not None and not names:
             with _unavailable("snapshot"):
@@ -494,33 +505,24 @@ class RedisCapacityCache:
                 keys=[f"{self._prefix}clusters"], args=[self._prefix, *names]
             )
         taken_at = int(reply[0]) + int(reply[1]) / 1e6
-        out = []
-        for name, raw, held in reply[2:]:
-            cluster = _text(name)
-            record = ClusterCapacity.model_validate_json(raw)
-            reservations = []
-            for i in range(0, len(held), 3):
-                body = json.loads(held[i + 1])
-                reservations.append(
-                    Reservation(
-                        id=_text(held[i]),
-                        cluster=cluster,
-                        requests=body["requests"],
-                        replicas=body["replicas"],
-                        expires_at=float(held[i + 2]),
-                    )
-                )
-            out.append((record, reservations))
-        return taken_at, out
+        return taken_at, [
+            (
+                ClusterCapacity.model_validate_json(raw),
+                _Held(json.loads(ids), json.loads(bodies), json.loads(expiries)),
+            )
+            for _name, raw, ids, bodies, expiries in reply[2:]
+        ]
 
     async def snapshot(self, clusters: Iterable[str] | None = None) -> Snapshot:
         taken_at, read = await self._read(clusters)
-        records = {
-            record.cluster: record.model_copy(
-                update={"reserved": add(*(r.total for r in reservations))}
-            )
-            for record, reservations in read
-        }
+        records = {}
+        for record, held in read:
+            reserved: Requests = {}
+            for body in held.bodies:
+                replicas = body["replicas"]
+                for resource, amount in pod_shape(body["requests"]).items():
+                    reserved[resource] = reserved.get(resource, 0) + amount * replicas
+            records[record.cluster] = record.model_copy(update={"reserved": reserved})
         return Snapshot(clusters=records, taken_at=taken_at)
 
     async def reserve(
@@ -555,7 +557,17 @@ class RedisCapacityCache:
 
     async def reservations(self, cluster: str) -> list[Reservation]:
         _, read = await self._read([cluster])
-        return sorted((r for _, held in read for r in held), key=lambda r: r.expires_at)
+        return [
+            Reservation(
+                id=rid,
+                cluster=cluster,
+                requests=body["requests"],
+                replicas=body["replicas"],
+                expires_at=expires_at,
+            )
+            for _, held in read
+            for rid, body, expires_at in zip(held.ids, held.bodies, held.expiries, strict=True)
+        ]
 
 
 __all__ = [
