@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BODY_LIMIT = 3 * 1024 * 1024
+_DRAIN_LIMIT = 64 * 1024 * 1024
 KUBERNETES_VERSION = {
     "major": "1",
     "minor": "31",
@@ -184,7 +185,11 @@ class KubeSim:
 
             self.simulator = Simulator(self.store, self._sim_options or SimOptions(), self.name)
         app = self._build_app()
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+        # No lingering: a body refused unread (413) closes the connection right away
+        # instead of being drained for seconds by a task that outlives `stop()`.
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=5.0, lingering_time=0.0
+        )
         await runner.setup()
         try:
             site = web.TCPSite(runner, self.host, self.port)
@@ -356,17 +361,27 @@ class KubeSim:
     # -- bodies ------------------------------------------------------------------------
 
     async def _read_body(self, request: web.Request) -> bytes:
-        if request.content_length is not None and request.content_length > BODY_LIMIT:
-            raise ApiError(
-                413, "RequestEntityTooLarge", f"the request body exceeds {BODY_LIMIT} bytes"
-            )
+        """The body, or 413 once it passes BODY_LIMIT.
+
+        An oversized body is still drained (up to _DRAIN_LIMIT) before answering, so the
+        client, which is usually still sending, reads a 413 Status instead of a reset.
+        """
+        too_large = ApiError(
+            413, "RequestEntityTooLarge", f"the request body exceeds {BODY_LIMIT} bytes"
+        )
+        length = request.content_length
+        if length is not None and length > _DRAIN_LIMIT:
+            raise too_large
         data = bytearray()
+        received = 0
         async for chunk in request.content.iter_chunked(1 << 16):
-            data += chunk
-            if len(data) > BODY_LIMIT:
-                raise ApiError(
-                    413, "RequestEntityTooLarge", f"the request body exceeds {BODY_LIMIT} bytes"
-                )
+            received += len(chunk)
+            if received > _DRAIN_LIMIT:
+                raise too_large
+            if received <= BODY_LIMIT:
+                data += chunk
+        if received > BODY_LIMIT:
+            raise too_large
         return bytes(data)
 
     @staticmethod
