@@ -430,6 +430,12 @@ def test_architecture_example_validates_against_the_crd(kind: str) -> None:
             id="patch-type",
         ),
         pytest.param(
+            "ResourceInterpreter",
+            lambda o: o["spec"]["replicas"].update(path="spec.replicas"),
+            "does not match",
+            id="path-without-dot",
+        ),
+        pytest.param(
             "Cluster",
             lambda o: o["status"]["allocatable"].update(cpu="lots"),
             "does not match",
