@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -81,10 +84,30 @@ def test_resource_names_the_service(monkeypatch: pytest.MonkeyPatch) -> None:
     provider.shutdown()
 
 
-def test_setup_is_idempotent_and_global() -> None:
-    provider = telemetry.setup("flotilla-test")
-    assert telemetry.setup("another-name") is provider
-    assert trace.get_tracer_provider() is provider
+SETUP_SCRIPT = """
+from opentelemetry import trace
+from flotilla.common import telemetry
+
+provider = telemetry.setup("aggregator")
+assert telemetry.setup("another-name") is provider
+assert trace.get_tracer_provider() is provider
+with trace.get_tracer("t").start_as_current_span("fold status"):
+    pass
+provider.shutdown()
+"""
+
+
+def test_setup_is_idempotent_global_and_exports(monkeypatch: pytest.MonkeyPatch) -> None:
+    # In a child process: the global provider can be set only once per process, and
+    # this test must not decide it for every other test in the session.
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    done = subprocess.run(
+        [sys.executable, "-c", SETUP_SCRIPT], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    span = json.loads(done.stdout)
+    assert span["name"] == "fold status"
+    assert span["resource"]["attributes"]["service.name"] == "aggregator"
 
 
 async def test_spans_reach_an_otlp_http_collector(monkeypatch: pytest.MonkeyPatch) -> None:
