@@ -27,6 +27,14 @@ the cluster level ``(available - reserved) / per_replica`` so live reservations
 count. Reservations are not attributed to nodes (the scheduler does not pick
 nodes; the member's kube-scheduler does), so only the cluster-level cap sees them.
 A record without a node breakdown is judged at the cluster level alone.
+
+The Redis side is two small Lua scripts rather than a library: nothing maintained
+offers an atomic "check several resource amounts against a record minus live,
+expiring claims, then claim" on Redis. Its costs and limits: `reserve` is linear
+in the cluster's nodes and live reservations (it re-reads both; fine for the tens
+of in-flight decisions a cluster sees); `snapshot` derives key names inside the
+script, so it needs a standalone or Sentinel Redis, not Redis Cluster; amounts must
+stay below 2**53 (Lua numbers are doubles).
 """
 
 from __future__ import annotations

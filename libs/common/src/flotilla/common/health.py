@@ -20,6 +20,9 @@
     async with HealthServer("0.0.0.0", 8080, registry) as server:
         server.add_readiness_check("nats", bus.connected)
         ...
+
+prometheus_client's own ``start_http_server`` runs a thread with no readiness
+endpoint, so the three routes live on the aiohttp the services already use.
 """
 
 from __future__ import annotations
