@@ -404,6 +404,19 @@ def test_dependency_entry_without_detected_is_the_users() -> None:
     assert entry.detected is False
 
 
+@pytest.mark.parametrize(
+    ("value", "names"),
+    [
+        pytest.param("use-v100-32g", ["use-v100-32g"], id="one"),
+        pytest.param("a,b", ["a", "b"], id="two"),
+        pytest.param(" b , a,,b ", ["b", "a"], id="spaces-blanks-repeats"),
+        pytest.param("", [], id="empty"),
+    ],
+)
+def test_transformations_annotation(value: str, names: list[str]) -> None:
+    assert api.parse_transformations(value) == names
+
+
 def test_placement_annotation_round_trip() -> None:
     value = (
         '{"clusters":[{"cluster":"us-east","replicas":2,"state":"Active"},'

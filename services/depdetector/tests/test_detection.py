@@ -236,6 +236,15 @@ def test_deprecated_service_account_field_counts_only_alone() -> None:
         ),
         pytest.param(
             manifest(
+                "apps/v1",
+                "StatefulSet",
+                {"serviceName": "db-headless", "template": {"spec": PodSpec().build()}},
+            ),
+            [dep("Service", "db-headless")],
+            id="statefulset-governing-service",
+        ),
+        pytest.param(
+            manifest(
                 "example.com/v1",
                 "Widget",
                 {"podSpec": PodSpec().with_image_pull_secret("pull").build()},
@@ -487,6 +496,39 @@ def test_stale_detected_entries_are_replaced() -> None:
     assert [e.name for e in detection.dependencies(obj, interpreter)] == [
         "web-config",
         "db-credentials",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("user", "expected"),
+    [
+        pytest.param(
+            {"apiVersion": "v1", "kind": "Secret", "name": "db-credentials"},
+            ["db-credentials", "web-config"],
+            id="namespace-omitted-means-own",
+        ),
+        pytest.param(
+            {"apiVersion": "v1", "kind": "Secret", "name": "db-credentials", "namespace": "ops"},
+            ["db-credentials", "web-config", "db-credentials"],
+            id="other-namespace-is-another-object",
+        ),
+    ],
+)
+def test_user_entry_without_namespace_covers_the_detected_one(
+    user: dict[str, Any], expected: list[str]
+) -> None:
+    obj = annotated_deployment([user])
+    interpreter = Registry.with_builtins().for_object(obj)
+    assert [e.name for e in detection.dependencies(obj, interpreter)] == expected
+
+
+def test_cluster_scoped_user_entry_matches_without_namespace() -> None:
+    user = [
+        dep("StorageClass", "ssd", namespace=None, api_version="storage.k8s.io/v1", detected=False)
+    ]
+    detected = [dep("StorageClass", "ssd", namespace=None, api_version="storage.k8s.io/v1")]
+    assert detection.merge_dependencies(user, detected, namespace="shop") == [
+        dep("StorageClass", "ssd", namespace=None, api_version="storage.k8s.io/v1", detected=False)
     ]
 
 

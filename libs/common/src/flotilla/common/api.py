@@ -787,6 +787,12 @@ def dump_dependencies(entries: Iterable[DependencyEntry]) -> str:
     return compact_json([e.model_dump(mode="json", exclude_none=True) for e in entries])
 
 
+def parse_transformations(value: str) -> list[str]:
+    """Names in ``flotilla.io/transformations: a, b``: in order, blanks and repeats dropped."""
+    names = (name.strip() for name in value.split(","))
+    return list(dict.fromkeys(name for name in names if name))
+
+
 class PlacementClusterEntry(_Annotation):
     cluster: str = Field(min_length=1)
     replicas: int | None = Field(default=None, ge=0)

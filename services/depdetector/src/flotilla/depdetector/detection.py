@@ -223,31 +223,50 @@ def user_dependencies(obj: Mapping[str, Any]) -> list[DependencyEntry]:
     return [entry for entry in parse_dependencies(value) if not entry.detected]
 
 
+def _identity(entry: DependencyEntry, namespace: str | None) -> tuple[str, str, str, str]:
+    # A user entry without a namespace means the object's own namespace, as a
+    # detected one would say it, unless the kind has no namespaces at all.
+    if entry.namespace is None and namespace and entry.kind not in CLUSTER_SCOPED_KINDS:
+        return (entry.api_version, entry.kind, namespace, entry.name)
+    return entry.key
+
+
 def merge_dependencies(
-    user_entries: Iterable[DependencyEntry], detected: Iterable[DependencyEntry]
+    user_entries: Iterable[DependencyEntry],
+    detected: Iterable[DependencyEntry],
+    *,
+    namespace: str | None = None,
 ) -> list[DependencyEntry]:
     """User entries first, verbatim and in their order; then detected ones, sorted.
 
-    An object listed by the user is not listed again as detected. The result does
-    not depend on the order of ``detected``, so re-running detection on an
-    unchanged object yields the same list.
+    An object listed by the user is not listed again as detected; ``namespace`` (the
+    dependent object's) is what a user entry without a namespace refers to. The
+    result does not depend on the order of ``detected``, so re-running detection on
+    an unchanged object yields the same list.
     """
     merged: list[DependencyEntry] = []
     seen: set[tuple[str, str, str, str]] = set()
     for entry in user_entries:
-        if entry.key not in seen:
-            seen.add(entry.key)
+        identity = _identity(entry, namespace)
+        if identity not in seen:
+            seen.add(identity)
             merged.append(entry)
     for entry in sorted(detected, key=lambda e: e.key):
-        if entry.key not in seen:
-            seen.add(entry.key)
+        identity = _identity(entry, namespace)
+        if identity not in seen:
+            seen.add(identity)
             merged.append(entry if entry.detected else entry.model_copy(update={"detected": True}))
     return merged
 
 
 def dependencies(obj: Mapping[str, Any], interpreter: Interpreter) -> list[DependencyEntry]:
     """Everything ``obj`` depends on: the user's entries and what detection found."""
-    return merge_dependencies(user_dependencies(obj), detect(obj, interpreter))
+    namespace = _get(obj, "metadata", "namespace")
+    return merge_dependencies(
+        user_dependencies(obj),
+        detect(obj, interpreter),
+        namespace=namespace if isinstance(namespace, str) else None,
+    )
 
 
 def annotation_value(obj: Mapping[str, Any], interpreter: Interpreter) -> str:

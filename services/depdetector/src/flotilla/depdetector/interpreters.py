@@ -408,6 +408,8 @@ BUILTINS: tuple[ResourceInterpreterSpec, ...] = (
         replicas={"path": ".spec.replicas"},
         podTemplate=_TEMPLATE,
         statusAggregation=_sum("replicas", "readyReplicas", "currentReplicas", "updatedReplicas"),
+        # The governing (headless) Service must exist for the pods' DNS names.
+        dependencies=[{"path": ".spec.serviceName", "apiVersion": "v1", "kind": "Service"}],
     ),
     _builtin(
         "apps/v1",
