@@ -1,0 +1,147 @@
+"""Table tests for the scores and the ranking built from them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+
+from flotilla.common.events import ClusterPlacement
+from flotilla.scheduler import core, scores
+from flotilla.scheduler.model import ClusterView, Context
+
+from .builders import (
+    ClusterBuilder,
+    ObjectBuilder,
+    make_cluster,
+    make_configmap,
+    make_deployment,
+    make_input,
+    placed,
+)
+
+
+def ctx_for(
+    obj: ObjectBuilder,
+    clusters: list[ClusterBuilder],
+    previous: tuple[ClusterPlacement, ...] = (),
+) -> tuple[Context, tuple[ClusterView, ...]]:
+    inp = make_input(obj, clusters, previous=previous)
+    return core.context(inp, core.effective_strategy(inp)), inp.fleet.views
+
+
+def score_of(
+    name: str,
+    obj: ObjectBuilder,
+    clusters: list[ClusterBuilder],
+    previous: tuple[ClusterPlacement, ...] = (),
+) -> Mapping[str, float]:
+    ctx, views = ctx_for(obj, clusters, previous)
+    return scores.SCORES[name].fn(ctx, views)
+
+
+@pytest.mark.parametrize(
+    ("previous", "expected"),
+    [
+        ((), {"a": 0.0, "b": 0.0}),
+        (placed(("b", 2)), {"a": 0.0, "b": 100.0}),
+        (placed(("a", 1), ("b", 1)), {"a": 100.0, "b": 100.0}),
+    ],
+    ids=["nothing placed", "holder scores full", "both hold"],
+)
+def test_stability(previous: tuple[ClusterPlacement, ...], expected: dict[str, float]) -> None:
+    got = score_of(
+        "stability", make_deployment(), [make_cluster("a"), make_cluster("b")], previous=previous
+    )
+    assert dict(got) == expected
+
+
+@pytest.mark.parametrize(
+    ("clusters", "expected"),
+    [
+        (
+            [make_cluster("a").with_room(1, cpu="1"), make_cluster("b").with_room(1, cpu="2")],
+            {"a": 50.0, "b": 100.0},
+        ),
+        (
+            [make_cluster("a").with_room(2, cpu="1"), make_cluster("b").with_room(1, cpu="2")],
+            {"a": 100.0, "b": 100.0},
+        ),
+        (
+            [
+                make_cluster("a").with_room(1, cpu="1", pods=1),
+                make_cluster("b").with_room(1, cpu="4"),
+            ],
+            {"a": 12.5, "b": 100.0},
+        ),
+    ],
+    ids=[
+        "twice the room scores twice",
+        "same fit across nodes scores the same",
+        "pod slots limit fit",
+    ],
+)
+def test_capacity_by_fit(clusters: list[ClusterBuilder], expected: dict[str, float]) -> None:
+    obj = make_deployment(replicas=4).with_requests(cpu="500m")
+    assert dict(score_of("capacity", obj, clusters)) == pytest.approx(expected)
+
+
+def test_capacity_without_requests_uses_free_share() -> None:
+    clusters = [
+        make_cluster("a").with_room(1, cpu="4", memory="4Gi").with_reserved(cpu="2", memory="2Gi"),
+        make_cluster("b").with_room(1, cpu="4", memory="4Gi"),
+    ]
+    got = score_of("capacity", make_configmap().with_requests(), clusters)
+    assert dict(got) == pytest.approx({"a": 50.0, "b": 100.0})
+
+
+@pytest.mark.parametrize(
+    ("placements", "expected"),
+    [
+        ((0, 0), {"a": 100.0, "b": 100.0}),
+        ((10, 5), {"a": 0.0, "b": 50.0}),
+        ((0, 4), {"a": 100.0, "b": 0.0}),
+    ],
+    ids=["empty fleet is balanced", "half as busy scores half", "idle beats busy"],
+)
+def test_balance(placements: tuple[int, int], expected: dict[str, float]) -> None:
+    clusters = [
+        make_cluster("a").with_placements(placements[0]),
+        make_cluster("b").with_placements(placements[1]),
+    ]
+    assert dict(score_of("balance", make_deployment(), clusters)) == pytest.approx(expected)
+
+
+def test_stability_outweighs_everything_else() -> None:
+    clusters = [
+        make_cluster("busy").with_room(1, cpu="1").with_placements(100),
+        make_cluster("idle").with_room(1, cpu="64"),
+    ]
+    ctx, views = ctx_for(
+        make_deployment(replicas=1).with_requests(cpu="500m"), clusters, placed(("busy", 1))
+    )
+    assert [v.name for v in scores.rank(ctx, views)] == ["busy", "idle"]
+
+
+def test_better_cluster_ranks_first() -> None:
+    clusters = [
+        make_cluster("small").with_room(1, cpu="1"),
+        make_cluster("big").with_room(1, cpu="8"),
+    ]
+    ctx, views = ctx_for(make_deployment().with_requests(cpu="500m"), clusters)
+    assert [v.name for v in scores.rank(ctx, views)] == ["big", "small"]
+
+
+def test_ties_are_broken_by_uid_deterministically() -> None:
+    names = [f"c{i:02d}" for i in range(20)]
+    firsts = set()
+    for uid in ("u1", "u2", "u3", "u4", "u5", "u6"):
+        orders = []
+        for ordering in (names, list(reversed(names))):
+            ctx, views = ctx_for(
+                make_deployment().with_uid(uid), [make_cluster(n) for n in ordering]
+            )
+            orders.append([v.name for v in scores.rank(ctx, views)])
+        assert orders[0] == orders[1], "input order must not matter"
+        firsts.add(orders[0][0])
+    assert len(firsts) > 1, "different objects should not all prefer the same cluster"
