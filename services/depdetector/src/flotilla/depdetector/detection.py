@@ -37,7 +37,8 @@ declared dependency paths are. Sources, in the order they are checked:
 
 A reference without a namespace gets the object's namespace unless its kind is a
 well-known cluster-scoped kind. The object's own Namespace is not listed: every
-namespaced object needs it, and the syncer creates it.
+namespaced object needs it, so ensuring it on a member belongs to whatever applies
+work there, not to each object's dependency list.
 
 The annotation value must be byte-identical when nothing changed, or every
 detector run would write the object and wake every watcher: user entries keep

@@ -14,9 +14,11 @@ Decisions where the architecture is silent:
 * **Service and Ingress follow their backends.** They are ``as-needed`` and carry
   ``follows`` rules: a Service goes wherever a workload in its namespace whose
   pod-template labels match ``spec.selector`` is placed; an Ingress goes wherever
-  the Services it routes to go. The scheduler resolves these rules; a Service
-  without a selector (manually managed endpoints) follows nothing and is synced
-  only where some object lists it as a dependency.
+  the Services it routes to go. ``follows`` is a field of the ResourceInterpreter
+  spec (an addition to ARCHITECTURE.md), so CRD authors can declare it too; the
+  stage that places ``as-needed`` objects resolves the rules against current
+  placements. A Service without a selector (manually managed endpoints) follows
+  nothing and is synced only where some object lists it as a dependency.
 * **PersistentVolumeClaim is ``as-needed``**: a claim is created on each cluster
   where a workload that mounts it runs, the usual multi-cluster behaviour for
   dynamically provisioned storage. Data does not move with it; a user who needs
