@@ -16,6 +16,7 @@ Hand-written because the only implementation is kube-scheduler itself (Go).
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,12 +33,18 @@ _FILTERED_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 Resources = dict[str, int]
 
 
+@functools.lru_cache(maxsize=4096)
+def _units(resource: str, value: str | int | float) -> int:
+    # Thousands of pods repeat the same few quantity strings; parse each once.
+    return quantity.to_units(resource, value)
+
+
 def _container_requests(container: Mapping[str, Any]) -> Resources:
     resources = container.get("resources") or {}
     # Upstream defaults a missing request to the limit, so do the same.
     merged: dict[str, Any] = dict(resources.get("limits") or {})
     merged.update(resources.get("requests") or {})
-    return {name: quantity.to_units(name, value) for name, value in merged.items()}
+    return {name: _units(name, value) for name, value in merged.items()}
 
 
 def _add(total: Resources, extra: Mapping[str, int]) -> None:
@@ -75,7 +82,7 @@ def pod_requests(spec: Mapping[str, Any]) -> Resources:
     _add(total, sidecars)
     _max_into(total, init_peak)
     overhead = spec.get("overhead") or {}
-    _add(total, {name: quantity.to_units(name, value) for name, value in overhead.items()})
+    _add(total, {name: _units(name, value) for name, value in overhead.items()})
     total[PODS] = 1
     return {name: value for name, value in total.items() if value or name == PODS}
 
@@ -216,31 +223,35 @@ def filter_node(pod: PodSchedulingSpec, node: NodeInfo) -> list[str]:
         tolerates(t, {"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule"}) for t in pod.tolerations
     ):
         return ["node(s) were unschedulable"]
-    if not matches_node_affinity(pod, node):
+    if (pod.node_selector or pod.required_terms is not None) and not matches_node_affinity(
+        pod, node
+    ):
         return ["node(s) didn't match Pod's node affinity/selector"]
-    taint = untolerated_taint(node.taints, pod.tolerations)
-    if taint is not None:
-        return [f"node(s) had untolerated taint {_taint_text(taint)}"]
+    if node.taints:
+        taint = untolerated_taint(node.taints, pod.tolerations)
+        if taint is not None:
+            return [f"node(s) had untolerated taint {_taint_text(taint)}"]
+    # The hot loop of every scheduling attempt (nodes x pods): plain dict reads only.
+    allocatable, requested = node.allocatable, node.requested
     reasons: list[str] = []
     for name, wanted in pod.requests.items():
-        if wanted > node.free(name):
+        if wanted > allocatable.get(name, 0) - requested.get(name, 0):
             reasons.append("Too many pods" if name == PODS else f"Insufficient {name}")
     return reasons
 
 
 def score_node(pod: PodSchedulingSpec, node: NodeInfo) -> float:
     """Upstream LeastAllocated over cpu and memory: the emptier node after binding wins."""
+    allocatable, requested, wanted = node.allocatable, node.requested, pod.requests
     total = 0.0
     for name in (CPU, MEMORY):
-        capacity = node.allocatable.get(name, 0)
-        if capacity <= 0:
-            continue
-        after = node.requested.get(name, 0) + pod.requests.get(name, 0)
-        total += (capacity - after) / capacity
-    pods = node.allocatable.get(PODS, 0)
+        capacity = allocatable.get(name, 0)
+        if capacity > 0:
+            total += (capacity - requested.get(name, 0) - wanted.get(name, 0)) / capacity
+    pods = allocatable.get(PODS, 0)
     if pods > 0:
         # A small pod-count term spreads request-less pods instead of piling them up.
-        total += 0.01 * (pods - node.requested.get(PODS, 0)) / pods
+        total += 0.01 * (pods - requested.get(PODS, 0)) / pods
     return total
 
 

@@ -265,7 +265,7 @@ class Simulator:
             changed = True
         else:
             changed = False
-            if record.node_name is None:
+            if record.node_name is None and not spec.get("nodeName"):
                 parsed = self._parse_scheduling(spec)
                 if parsed != record.scheduling:
                     record.scheduling = parsed
