@@ -20,6 +20,7 @@ their contents and disappear once empty.
 
 from __future__ import annotations
 
+import base64
 import builtins
 import logging
 import re
@@ -387,6 +388,7 @@ class Store:
             _validate_crd(new)
             self._check_crd_conflict(new)
         self._default(rt, new)
+        _normalize(rt, new)
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_rfc3339()
         meta["generation"] = 1
@@ -616,6 +618,7 @@ class Store:
                 else:
                     new.pop("status", None)
             self._validate(rt, new)
+            _normalize(rt, new)
             if rt == resources.CRD:
                 _validate_crd(new)
                 self._check_crd_conflict(new)
@@ -878,6 +881,20 @@ class Store:
             if state.objects.get(ns):
                 return
         self._remove(resources.NAMESPACE, namespace)
+
+
+def _normalize(rt: ResourceType, obj: dict[str, Any]) -> None:
+    """Write-time conversions upstream does on every write (Secret stringData -> data)."""
+    if (rt.group, rt.kind) == ("", "Secret") and "stringData" in obj:
+        string_data = obj.pop("stringData") or {}
+        if not isinstance(string_data, dict):
+            raise errors.invalid(
+                "Secret", obj["metadata"]["name"], [("stringData", "must be a map")]
+            )
+        data = dict(obj.get("data") or {})
+        for key, value in string_data.items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
+        obj["data"] = data
 
 
 def _owner_uids(obj: dict[str, Any] | None) -> set[str]:
