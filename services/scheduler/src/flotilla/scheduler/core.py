@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import zlib
 from collections import Counter
 from collections.abc import Sequence
 
@@ -42,6 +41,7 @@ from flotilla.scheduler.model import (
     Rejections,
     SchedulingInput,
     aware,
+    hash64,
 )
 
 
@@ -93,7 +93,7 @@ def context(inp: SchedulingInput, strategy: Strategy) -> Context:
         spread=policy.spread if policy else None,
         split_by=policy.split_by if policy else api.SplitBy.CAPACITY,
         weights=tuple(policy.weights) if policy else (),
-        seed=zlib.crc32(inp.uid.encode()),
+        seed=hash64(inp.uid),
     )
 
 

@@ -1,0 +1,340 @@
+"""End-to-end scenarios through ``core.schedule``: the decision a user would see."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+
+from flotilla.common import capacity
+from flotilla.common.api import PlacementState, Strategy
+from flotilla.common.events import ClusterPlacement, PlacementDecided
+from flotilla.scheduler.core import schedule
+from flotilla.scheduler.model import Code, Decision, Fleet
+
+from .builders import (
+    NOW,
+    ClusterBuilder,
+    make_cluster,
+    make_configmap,
+    make_daemonset,
+    make_deployment,
+    make_input,
+    make_pod,
+    make_policy,
+    make_pvc,
+    make_workload,
+    placed,
+    three_equal,
+)
+
+
+def active(decision: Decision) -> dict[str, int | None]:
+    return {p.cluster: p.replicas for p in decision.active}
+
+
+def retiring(decision: Decision) -> dict[str, int | None]:
+    return {p.cluster: p.replicas for p in decision.clusters if p.state is PlacementState.RETIRING}
+
+
+# --- seed scenarios -----------------------------------------------------------------
+
+
+def test_deployment_of_ten_over_three_equal_clusters_splits_4_3_3() -> None:
+    decision = schedule(make_input(make_deployment(replicas=10), three_equal()))
+    assert sorted(active(decision).values(), reverse=True) == [4, 3, 3]
+    assert decision.schedulable
+    assert decision.pending == 0
+    assert decision.reason.startswith("split 10 replicas over 3 clusters by capacity: ")
+
+
+def test_daemonset_is_copied_to_every_eligible_cluster() -> None:
+    clusters = [*three_equal(), make_cluster("down").not_ready()]
+    decision = schedule(make_input(make_daemonset(), clusters))
+    assert set(active(decision)) == {"ap-south", "eu-west", "us-east"}
+    assert decision.strategy is Strategy.COPY
+    assert str(decision.rejections["down"]) == "ready: not Ready: Ready is False (HeartbeatMissed)"
+
+
+def test_pod_goes_to_one_cluster() -> None:
+    decision = schedule(make_input(make_pod(), three_equal()))
+    assert len(decision.active) == 1
+    assert decision.strategy is Strategy.ANY
+
+
+def test_pod_depending_on_a_pvc_goes_where_the_pvc_is() -> None:
+    pvc_key = "v1/PersistentVolumeClaim/default/data"
+    pod = make_pod().depending_on("v1", "PersistentVolumeClaim", "data")
+    for where in ("ap-south", "eu-west", "us-east"):
+        decision = schedule(make_input(pod, three_equal(), dependencies={pvc_key: [where]}))
+        assert active(decision) == {where: 1}
+        assert all(v.unit == "dependencies" for v in decision.rejections.values())
+
+
+def test_pvc_itself_is_placed_with_any() -> None:
+    assert len(schedule(make_input(make_pvc(), three_equal())).active) == 1
+
+
+def test_two_component_workload_goes_whole_to_the_only_cluster_where_both_fit() -> None:
+    obj = (
+        make_workload()
+        .with_component("jobmanager", 1, cpu="1", memory="2Gi")
+        .with_component("taskmanager", 4, cpu="2", memory="4Gi")
+    )
+    clusters = [
+        make_cluster("cpu-poor").with_room(4, cpu="1500m", memory="32Gi"),
+        make_cluster("mem-poor").with_room(4, cpu="8", memory="3Gi"),
+        make_cluster("fits").with_room(2, cpu="5", memory="12Gi"),
+    ]
+    decision = schedule(make_input(obj, clusters))
+    assert active(decision) == {"fits": None}
+    assert "all 2 components (jobmanager, taskmanager) on fits" in decision.reason
+    assert "room for 1 whole set" in decision.reason
+    for name in ("cpu-poor", "mem-poor"):
+        assert decision.rejections[name].unit == "capacity"
+
+
+def test_whole_sets_estimate_counts_more_than_one() -> None:
+    obj = make_workload().with_component("a", 1, cpu="1").with_component("b", 2, cpu="1")
+    decision = schedule(make_input(obj, [make_cluster("big").with_room(2, cpu="6")]))
+    assert "room for 4 whole sets" in decision.reason
+
+
+@pytest.mark.parametrize(
+    ("cluster", "unit", "reason"),
+    [
+        (
+            make_cluster("x").with_taint("dedicated", "batch"),
+            "taints",
+            "taint dedicated=batch:NoSchedule is not tolerated",
+        ),
+        (
+            make_cluster("x").cordoned(),
+            "cordon",
+            "cordoned (spec.unschedulable); no new placements",
+        ),
+        (
+            make_cluster("x").draining(NOW - timedelta(minutes=5)),
+            "draining",
+            "draining since 2026-11-29T11:55:00+00:00 (spec.evictAfter); "
+            "every placement moves away",
+        ),
+        (make_cluster("x").not_ready("Lost"), "ready", "not Ready: Ready is False (Lost)"),
+    ],
+    ids=["tainted", "cordoned", "draining", "NotReady"],
+)
+def test_unusable_cluster_is_rejected_with_the_right_reason(
+    cluster: ClusterBuilder, unit: str, reason: str
+) -> None:
+    decision = schedule(make_input(make_deployment(), [cluster, make_cluster("ok")]))
+    assert active(decision) == {"ok": 3}
+    verdict = decision.rejections["x"]
+    assert (verdict.unit, verdict.reason, verdict.code) == (unit, reason, Code.UNSCHEDULABLE)
+    assert decision.rejection_reasons() == {"x": [f"{unit}: {reason}"]}
+
+
+def test_nowhere_to_go_is_unschedulable_with_every_reason() -> None:
+    clusters = [
+        make_cluster("a").cordoned(),
+        make_cluster("b").with_taint("gpu"),
+        make_cluster("c").not_ready(),
+        make_cluster("d").with_labels(region="us"),
+    ]
+    decision = schedule(
+        make_input(make_deployment(), clusters, policy=make_policy().selecting(region="eu"))
+    )
+    assert not decision.schedulable
+    assert decision.clusters == ()
+    assert decision.reason == ("no cluster can take it: 4 of 4 rejected (cluster-selector 4)")
+    decision = schedule(make_input(make_deployment(), clusters[:3]))
+    assert (
+        decision.reason == "no cluster can take it: 3 of 3 rejected (cordon 1, ready 1, taints 1)"
+    )
+    assert set(decision.rejection_reasons()) == {"a", "b", "c"}
+
+
+def test_empty_fleet() -> None:
+    decision = schedule(make_input(make_pod(), []))
+    assert not decision.schedulable
+    assert decision.reason == "no cluster can take it: no clusters are registered"
+
+
+# --- existing placements: cordon keeps, drain moves (make-before-break) -------------------
+
+
+def test_cordon_keeps_existing_placement() -> None:
+    clusters = [make_cluster("a").cordoned(), make_cluster("b")]
+    decision = schedule(
+        make_input(make_deployment(replicas=4), clusters, previous=placed(("a", 4)))
+    )
+    assert active(decision) == {"a": 4}
+    assert retiring(decision) == {}
+
+
+def test_drain_moves_everything_and_keeps_the_old_copy_retiring() -> None:
+    clusters = [make_cluster("a").draining(), make_cluster("b"), make_cluster("c")]
+    decision = schedule(
+        make_input(make_deployment(replicas=4), clusters, previous=placed(("a", 4)))
+    )
+    assert active(decision) == {"b": 2, "c": 2}
+    assert retiring(decision) == {"a": 4}
+    assert decision.clusters[-1] == ClusterPlacement(
+        cluster="a", replicas=4, state=PlacementState.RETIRING
+    )
+
+
+def test_retiring_cluster_chosen_again_becomes_active_and_gone_cluster_is_dropped() -> None:
+    previous = (
+        ClusterPlacement(cluster="a", replicas=2, state=PlacementState.RETIRING),
+        ClusterPlacement(cluster="vanished", replicas=2),
+    )
+    decision = schedule(make_input(make_pod(), [make_cluster("a")], previous=previous))
+    assert active(decision) == {"a": 1}
+    assert retiring(decision) == {}
+
+
+def test_scale_up_keeps_existing_replicas_where_they_are() -> None:
+    previous = placed(("ap-south", 3), ("eu-west", 4), ("us-east", 3))
+    decision = schedule(make_input(make_deployment(replicas=13), three_equal(), previous=previous))
+    after = active(decision)
+    assert all((after[c] or 0) >= (n or 0) for c, n in ((p.cluster, p.replicas) for p in previous))
+    assert sum(n or 0 for n in after.values()) == 13
+
+
+def test_existing_cluster_without_a_capacity_record_keeps_its_replicas() -> None:
+    clusters = [make_cluster("a").without_capacity(), make_cluster("b")]
+    decision = schedule(
+        make_input(make_deployment(replicas=4), clusters, previous=placed(("a", 2)))
+    )
+    assert active(decision) == {"a": 2, "b": 2}
+
+
+def test_reschedule_request_moves_off_an_avoided_cluster() -> None:
+    decision = schedule(
+        make_input(make_pod(), three_equal(), previous=placed(("us-east", 1)), avoid=["us-east"])
+    )
+    assert "us-east" not in active(decision)
+    assert retiring(decision) == {"us-east": 1}
+
+
+# --- strategy resolution, as-needed, deletion ----------------------------------------------
+
+
+def test_policy_strategy_overrides_the_interpreter_default() -> None:
+    decision = schedule(
+        make_input(
+            make_deployment(replicas=2), three_equal(), policy=make_policy().strategy("copy")
+        )
+    )
+    assert decision.strategy is Strategy.COPY
+    assert active(decision) == {"ap-south": 2, "eu-west": 2, "us-east": 2}
+
+
+def test_annotation_overrides_the_policy() -> None:
+    obj = make_deployment(replicas=2).with_annotation("flotilla.io/strategy", "any")
+    decision = schedule(make_input(obj, three_equal(), policy=make_policy().strategy("copy")))
+    assert decision.strategy is Strategy.ANY
+    assert len(decision.active) == 1
+
+
+def test_unknown_strategy_annotation_is_unschedulable_with_a_reason() -> None:
+    obj = make_deployment().with_annotation("flotilla.io/strategy", "spread-thin")
+    decision = schedule(make_input(obj, three_equal()))
+    assert not decision.schedulable
+    assert "unknown strategy 'spread-thin'" in decision.reason
+
+
+def test_as_needed_is_never_placed_by_itself() -> None:
+    decision = schedule(
+        make_input(make_configmap(), three_equal(), previous=placed(("eu-west", 1)))
+    )
+    assert decision.clusters == ()
+    assert decision.schedulable
+    assert decision.reason.startswith("as-needed: ")
+
+
+def test_deleted_object_is_removed_everywhere() -> None:
+    decision = schedule(
+        make_input(make_deployment().deleted(), three_equal(), previous=placed(("eu-west", 3)))
+    )
+    assert decision.deleted
+    assert decision.clusters == ()
+    assert decision.to_event().deleted
+
+
+# --- determinism and the decision id --------------------------------------------------
+
+
+def test_same_input_same_decision() -> None:
+    obj = make_deployment(replicas=7).with_requests(cpu="300m")
+    clusters = [*three_equal(), make_cluster("tainted").with_taint("x")]
+    first = schedule(make_input(obj, clusters))
+    second = schedule(make_input(obj, list(reversed(clusters))))
+    assert first == second
+    assert len(first.decision_id) == 32
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["now", "replicas", "previous", "policy", "cluster label", "uid"],
+)
+def test_decision_id_changes_with_any_input(change: str) -> None:
+    obj = make_deployment(replicas=6)
+    base = make_input(obj, three_equal())
+    if change == "now":
+        other = dataclasses.replace(base, now=NOW + timedelta(seconds=1))
+    elif change == "replicas":
+        other = make_input(make_deployment(replicas=7), three_equal())
+    elif change == "previous":
+        other = dataclasses.replace(base, previous=placed(("eu-west", 6)))
+    elif change == "policy":
+        other = dataclasses.replace(base, policy=make_policy().max_clusters(3).build())
+    elif change == "cluster label":
+        other = make_input(obj, [*three_equal()[:2], make_cluster("us-east").with_labels(a="b")])
+    else:
+        other = make_input(make_deployment(replicas=6).with_uid("other"), three_equal())
+    assert schedule(base).decision_id != schedule(other).decision_id
+
+
+def test_objects_with_equal_scores_spread_over_the_fleet() -> None:
+    clusters = [make_cluster(f"c{i}") for i in range(5)]
+    shared = Fleet(
+        [c.build() for c in clusters],
+        capacity.Snapshot(
+            clusters={c.name: r for c in clusters if (r := c.record())}, taken_at=0.0
+        ),
+    )
+    landed = Counter(
+        next(iter(active(schedule(make_input(make_pod().with_uid(f"pod-{i}"), shared)))))
+        for i in range(50)
+    )
+    assert len(landed) == 5
+
+
+def test_to_event_carries_the_decision() -> None:
+    clusters = [make_cluster("a").cordoned(), make_cluster("b")]
+    previous = placed(("b", 3))
+    decision = schedule(make_input(make_deployment(), clusters, previous=previous))
+    event = decision.to_event(previous)
+    assert isinstance(event, PlacementDecided)
+    assert event.decision_id == decision.decision_id
+    assert event.clusters == [ClusterPlacement(cluster="b", replicas=3)]
+    assert event.previous == list(previous)
+    assert event.rejections == {"a": ["cordon: cordoned (spec.unschedulable); no new placements"]}
+    assert event.ref.key == "apps/v1/Deployment/default/web"
+
+
+def test_fleet_refuses_a_cluster_listed_twice() -> None:
+    cluster = make_cluster("a")
+    with pytest.raises(ValueError, match="cluster 'a' appears twice"):
+        Fleet([cluster.build(), cluster.build()], capacity.Snapshot(clusters={}, taken_at=0.0))
+
+
+def test_reasons_are_one_line_even_for_a_large_fleet() -> None:
+    clusters = [make_cluster(f"c{i:03d}") for i in range(40)]
+    decision = schedule(make_input(make_deployment(replicas=100), clusters))
+    assert "\n" not in decision.reason
+    assert decision.reason.endswith("and 32 more")
+    assert sum(n or 0 for n in active(decision).values()) == 100
