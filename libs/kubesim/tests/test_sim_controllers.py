@@ -13,7 +13,7 @@ from flotilla.kubesim.sim import SimOptions, Simulator, http
 from flotilla.kubesim.sim.nodes import LEASE_NAMESPACE
 from flotilla.kubesim.store import Store, StoreEvent
 
-FAST = {"pod_ready_seconds": 0.05, "job_seconds": 0.05}
+FAST: dict[str, Any] = {"pod_ready_seconds": 0.05, "job_seconds": 0.05}
 
 
 async def eventually(condition: Callable[[], Any], within: float = 5.0) -> Any:
@@ -513,3 +513,38 @@ async def test_node_operations_reject_bad_requests(
         http.apply(cluster.sim, body)
     assert raised.value.code == code
     assert message in raised.value.message
+
+
+async def test_deleting_a_deployment_frees_node_capacity(cluster: Cluster) -> None:
+    cluster.create(deployment(replicas=6))
+    await eventually(lambda: len(cluster.pods("Running")) == 6)
+    assert sum(n.requested.get("cpu", 0) for n in cluster.sim.state.nodes.values()) == 600
+
+    cluster.store.delete(cluster.rt("Deployment"), "default", "web")
+
+    assert cluster.pods() == []
+    assert cluster.sim.state.pods == {}
+    assert all(not any(n.requested.values()) for n in cluster.sim.state.nodes.values())
+
+
+async def test_pod_bound_to_a_future_node_starts_when_it_registers(cluster: Cluster) -> None:
+    cluster.create(bare_pod("early", nodeName="late-node"))
+    assert cluster.get("Pod", "early")["status"]["phase"] == "Pending"
+
+    http.apply(cluster.sim, {"action": "add", "names": ["late-node"]})
+
+    await eventually(lambda: cluster.get("Pod", "early")["status"]["phase"] == "Running")
+    assert cluster.sim.state.nodes["late-node"].requested["pods"] == 1
+
+
+async def test_simulator_picks_up_objects_created_before_it_started() -> None:
+    store = Store()
+    store.create(store.resource_type("apps/v1", "Deployment"), deployment(replicas=2))
+    sim = Simulator(store, SimOptions(nodes=1, pod_ready_seconds=0.05), "late")
+    await sim.start()
+    try:
+        cluster = Cluster(store, sim)
+        await eventually(lambda: cluster.status("Deployment", "web").get("readyReplicas") == 2)
+    finally:
+        await sim.stop()
+    assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]

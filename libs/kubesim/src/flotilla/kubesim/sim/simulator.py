@@ -207,6 +207,12 @@ class Simulator:
             info = nodes.node_info(event.object)
             previous = self.state.nodes.get(name)
             self.state.set_node(info)
+            if previous is None:
+                # Pods bound to this name before the node registered start now.
+                for record in list(self.state.pods.values()):
+                    if record.node_name == name and record.accounted_node is None and record.active:
+                        self.state.account(record, name)
+                        self._kubelet_next(record)
             for address in (event.object.get("status") or {}).get("addresses") or ():
                 if address.get("type") == "InternalIP":
                     self.state.node_ips[name] = address.get("address", "")
@@ -285,13 +291,8 @@ class Simulator:
         )
         if record.node_name and record.phase not in TERMINAL_PHASES:
             self.state.unschedulable.discard(key)
-            if (
-                self.state.account(record, record.node_name)
-                and record.phase == "Pending"
-                and not record.deleting
-                and ("start", *key) not in self.timers
-            ):
-                self.timers.schedule(("start", *key), self.options.pod_ready_seconds)
+            if self.state.account(record, record.node_name) and not record.deleting:
+                self._kubelet_next(record)
         elif record.phase in TERMINAL_PHASES:
             if self.state.release(record):
                 self._retry_unschedulable()
@@ -299,6 +300,17 @@ class Simulator:
             self.scheduler_queue.add(key)
         if changed:
             self._enqueue_owner(record)
+
+    def _kubelet_next(self, record: PodRecord) -> None:
+        """Arm the kubelet timer for what happens next to a pod on a known node."""
+        if record.phase == "Pending":
+            timer, delay = ("start", *record.key), self.options.pod_ready_seconds
+        elif record.phase == "Running" and record.owner_kind == "Job":
+            timer, delay = ("finish", *record.key), self.options.job_seconds
+        else:
+            return
+        if timer not in self.timers:
+            self.timers.schedule(timer, delay)
 
     def _parse_scheduling(self, spec: dict[str, Any]) -> PodSchedulingSpec:
         try:
@@ -368,8 +380,10 @@ class Simulator:
                     except ApiError as exc:
                         if exc.code != 404:
                             log.warning("kubelet action %s failed: %r", timer, exc)
+                            self.timers.schedule(timer, _RETRY_SECONDS)
                     except Exception:
                         log.exception("kubelet action %s failed", timer)
+                        self.timers.schedule(timer, _RETRY_SECONDS)
             await asyncio.sleep(0)
 
     def _fire(self, timer: Timer) -> None:
@@ -388,8 +402,6 @@ class Simulator:
                 pod.get("spec") or {}, pod.get("status") or {}, host_ip, pod_ip
             )
             controllers.write_status(self.store, pod_rt, pod, status)
-            if record.owner_kind == "Job":
-                self.timers.schedule(("finish", namespace, name), self.options.job_seconds)
         elif action == "finish" and record.phase == "Running":
             pod = self.store.get(pod_rt, namespace, name)
             controllers.write_status(
