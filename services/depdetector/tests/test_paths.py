@@ -179,36 +179,52 @@ json_values = st.recursive(
 )
 
 
-def _unique_name(elements: list[Any], position: int) -> str | None:
-    """The element's name if ``[name=...]`` selects exactly that element."""
-    element = elements[position]
-    if not isinstance(element, dict) or not isinstance(element.get("name"), str):
-        return None
-    step = Match("name", element["name"])
-    if str(step) != f"[name={element['name']}]":
-        return None
-    return element["name"] if sum(step.selects(e) for e in elements) == 1 else None
+def _container_for(step: paths.Step) -> Any:
+    return {} if isinstance(step, Field) else []
 
 
 @st.composite
 def object_and_path(draw: st.DrawFn) -> tuple[Any, str]:
-    """A JSON-like object and a path to a place that exists (or can be created) in it."""
+    """A JSON-like object, surrounded by random siblings, and a path that exists in it.
+
+    The steps are drawn first and the object is built around them, so deep paths
+    with indexes and ``[name=...]`` selectors are as common as shallow ones.
+    """
+    steps: list[paths.Step] = [Field(draw(names))]
+    for _ in range(draw(st.integers(0, 4))):
+        if isinstance(steps[-1], Match):
+            # A matched element is an object, and it keeps the name it is matched by.
+            steps.append(Field(draw(names.filter(lambda name: name != "name"))))
+        else:
+            steps.append(
+                draw(
+                    st.one_of(
+                        names.map(Field),
+                        st.integers(0, 3).map(Index),
+                        names.map(lambda name: Match("name", name)),
+                    )
+                )
+            )
     root: dict[str, Any] = draw(st.dictionaries(names, json_values, max_size=3))
     node: Any = root
-    text = ""
-    for _ in range(draw(st.integers(1, 5))):
-        if isinstance(node, dict):
-            key = draw(st.one_of(st.sampled_from(sorted(node)), names) if node else names)
-            text += f".{key}"
-            node = node.get(key)
-        elif node:
-            position = draw(st.integers(0, len(node) - 1))
-            name = _unique_name(node, position)
-            text += f"[name={name}]" if name is not None else f"[{position}]"
-            node = node[position]
-        if not (isinstance(node, dict) or (isinstance(node, list) and node)):
-            break
-    return root, text
+    for step, following in zip(steps, [*steps[1:], None], strict=True):
+        child = draw(json_values) if following is None else _container_for(following)
+        if isinstance(step, Field):
+            node[step.name] = child
+        elif isinstance(step, Index):
+            fillers = draw(st.lists(json_values, min_size=step.index + 1, max_size=step.index + 3))
+            node.extend(fillers)
+            node[step.index] = child
+        else:
+            others = draw(st.lists(json_values, max_size=3))
+            element = {**child, "name": step.value} if isinstance(child, dict) else child
+            if not isinstance(element, dict):
+                element = {"name": step.value, "v": child}
+            node.extend(other for other in others if not step.selects(other))
+            node.insert(draw(st.integers(0, len(node))), element)
+            child = element
+        node = child
+    return root, str(paths.CompiledPath("", tuple(steps)))
 
 
 @given(object_and_path(), json_values)
