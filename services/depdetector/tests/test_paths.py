@@ -215,7 +215,7 @@ def object_and_path(draw: st.DrawFn) -> tuple[Any, str]:
             fillers = draw(st.lists(json_values, min_size=step.index + 1, max_size=step.index + 3))
             node.extend(fillers)
             node[step.index] = child
-        else:
+        elif isinstance(step, Match):
             others = draw(st.lists(json_values, max_size=3))
             element = {**child, "name": step.value} if isinstance(child, dict) else child
             if not isinstance(element, dict):
