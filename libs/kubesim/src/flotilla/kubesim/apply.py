@@ -107,6 +107,13 @@ def value_at(obj: Any, path: Path) -> Any:
     return current
 
 
+def _is_key_leaf(path: Path) -> bool:
+    """Whether a path is the merge-key field of a keyed list item (`k:{"name":..}/f:name`)."""
+    if len(path) < 2 or not path[-2].startswith("k:"):
+        return False
+    return path[-1][2:] in json.loads(path[-2][2:])
+
+
 def _remove_path(obj: dict[str, Any], path: Path) -> None:
     """Delete a leaf, then drop maps and keyed list items it left empty."""
     chain: list[Any] = [obj]
@@ -117,11 +124,14 @@ def _remove_path(obj: dict[str, Any], path: Path) -> None:
         chain.append(nxt)
     _delete_segment(chain[-1], path[-1])
     for depth in range(len(chain) - 1, 0, -1):
-        node = chain[depth]
-        if node in ({}, []):
-            _delete_segment(chain[depth - 1], path[depth - 1])
-        else:
+        node, parent = chain[depth], chain[depth - 1]
+        if node not in ({}, []):
             break
+        # By identity: an emptied list item no longer carries the key that named it.
+        if isinstance(parent, dict):
+            parent.pop(path[depth - 1][2:], None)
+        elif isinstance(parent, list):
+            parent[:] = [item for item in parent if item is not node]
 
 
 def _delete_segment(container: Any, segment: str) -> None:
@@ -334,7 +344,13 @@ def apply(
     stale = previous - applied_paths - others
     if stale:
         result = json.loads(json.dumps(result))
-        for path in sorted(stale, key=len, reverse=True):
+        # Merge-key leaves go last: they are how an item is found, and an item keeps
+        # its key while anything else in it is still owned.
+        for path in sorted(stale, key=lambda p: (_is_key_leaf(p), -len(p))):
+            if _is_key_leaf(path):
+                item = value_at(result, path[:-1])
+                if isinstance(item, dict) and len(item) > 1:
+                    continue
             _remove_path(result, path)
     ownership.set(key, rt.api_version, applied_paths)
     times = _times(managed)
