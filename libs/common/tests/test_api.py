@@ -294,6 +294,13 @@ def test_wrong_kind(kind: str, obj: dict[str, Any], message: str) -> None:
     assert raised.value.fields == ["kind"]
 
 
+def test_parse_as_is_typed_and_checks_the_kind() -> None:
+    parsed = api.parse_as(api.ClusterPlacementPolicy, policy(namespace=None))
+    assert parsed.metadata.name == "web"
+    with pytest.raises(InvalidObjectError, match="object is a 'ClusterPlacementPolicy'"):
+        api.parse_as(api.PlacementPolicy, policy(namespace=None))
+
+
 # --- reading and writing --------------------------------------------------------------
 
 

@@ -30,7 +30,7 @@ import enum
 import json
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Annotated, Any, Final, Literal, NamedTuple, TypeAlias
+from typing import Annotated, Any, Final, Literal, NamedTuple, TypeAlias, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -649,6 +649,8 @@ MODELS: dict[str, type[FlotillaObject]] = {
 }
 """The top-level model of each Flotilla kind."""
 
+ObjectT = TypeVar("ObjectT", bound=_Object)
+
 NAMESPACED_KINDS = frozenset({"PlacementPolicy", "Transformation"})
 
 
@@ -712,6 +714,14 @@ def parse_object(kind: str, obj: Mapping[str, Any]) -> FlotillaObject:
     if model is None:
         known = ", ".join(sorted(MODELS))
         raise InvalidObjectError(kind, name, [FieldError("kind", f"not a Flotilla kind ({known})")])
+    return parse_as(model, obj)
+
+
+def parse_as(model: type[ObjectT], obj: Mapping[str, Any]) -> ObjectT:
+    """`parse_object` for a statically known kind: ``parse_as(PlacementPolicy, obj)``."""
+    kind = str(model.model_fields["kind"].default)
+    metadata = obj.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
     if obj.get("kind", kind) != kind:
         raise InvalidObjectError(
             kind, name, [FieldError("kind", f"object is a {obj.get('kind')!r}, expected {kind!r}")]
