@@ -59,6 +59,14 @@ async def session(hub: KubeSim) -> AsyncIterator[aiohttp.ClientSession]:
         ("GET", f"{CONFIGMAPS}?limit=abc", None, None, 400, "BadRequest"),
         ("GET", f"{CONFIGMAPS}?continue=garbage", None, None, 400, "BadRequest"),
         ("PUT", CONFIGMAPS, "application/json", b"{}", 405, "MethodNotAllowed"),
+        (
+            "POST",
+            CONFIGMAPS,
+            "application/json",
+            b'{"metadata": {"name": "x", "resourceVersion": "5"}}',
+            400,
+            "BadRequest",
+        ),
     ],
     ids=[
         "malformed-json",
@@ -75,6 +83,7 @@ async def session(hub: KubeSim) -> AsyncIterator[aiohttp.ClientSession]:
         "bad-limit",
         "bad-continue",
         "put-on-collection",
+        "resource-version-on-create",
     ],
 )
 async def test_bad_requests(

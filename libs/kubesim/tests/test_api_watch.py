@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -195,3 +196,21 @@ async def test_many_watchers_share_every_event(client: Any) -> None:
         await w.close()
     expected = [("ADDED", f"fan-{i}") for i in range(30)]
     assert all(r == expected for r in results)
+
+
+async def test_legacy_watch_path_for_one_object(hub: KubeSim, client: Any) -> None:
+    core = k8s.CoreV1Api(client)
+    listed = await core.list_namespaced_config_map("default")
+    await core.create_namespaced_config_map("default", configmap("other"))
+    await core.create_namespaced_config_map("default", configmap("mine"))
+    url = (
+        f"{hub.url}/api/v1/watch/namespaces/default/configmaps/mine"
+        f"?resourceVersion={listed.metadata.resource_version}&timeoutSeconds=1"
+    )
+    async with (
+        aiohttp.ClientSession(headers={"Authorization": f"Bearer {hub.token}"}) as session,
+        session.get(url) as resp,
+    ):
+        lines = (await resp.read()).splitlines()
+    events = [json.loads(line) for line in lines]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "mine")]

@@ -703,6 +703,8 @@ class KubeSim:
     ) -> web.Response:
         obj = await self._read_object(request, rt)
         self._place(obj, rt, namespace, None)
+        if obj["metadata"].get("resourceVersion"):
+            raise bad_request("resourceVersion should not be set on objects to be created")
         if rt.has_status and (rt.group, rt.kind) != ("", "Node"):
             obj.pop("status", None)
         obj["metadata"].pop("managedFields", None)
