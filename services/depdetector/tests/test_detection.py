@@ -6,9 +6,11 @@ from typing import Any
 
 import pytest
 
-from flotilla.common.api import DependencyEntry, ResourceInterpreter
+from flotilla.common.api import DependencyEntry
 from flotilla.depdetector import detection
 from flotilla.depdetector.interpreters import Registry
+
+from .builders import manifest, resource_interpreter
 
 # --- builders -----------------------------------------------------------------------
 
@@ -82,27 +84,6 @@ class PodSpec:
 
     def build(self) -> dict[str, Any]:
         return self.spec
-
-
-def manifest(
-    api_version: str,
-    kind: str,
-    spec: dict[str, Any] | None = None,
-    *,
-    name: str = "web",
-    namespace: str | None = "shop",
-    annotations: dict[str, str] | None = None,
-    **top: Any,
-) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name}
-    if namespace:
-        metadata["namespace"] = namespace
-    if annotations is not None:
-        metadata["annotations"] = annotations
-    obj: dict[str, Any] = {"apiVersion": api_version, "kind": kind, "metadata": metadata, **top}
-    if spec is not None:
-        obj["spec"] = spec
-    return obj
 
 
 def deployment(pod: PodSpec, **kw: Any) -> dict[str, Any]:
@@ -262,37 +243,10 @@ def test_pod_specs_come_from_the_interpreter(
 
 # --- interpreter-declared, owners and generic heuristics --------------------------------
 
-FLINK_INTERPRETER = ResourceInterpreter.model_validate(
-    {
-        "apiVersion": "flotilla.io/v1alpha1",
-        "kind": "ResourceInterpreter",
-        "metadata": {"name": "flink"},
-        "spec": {
-            "target": {"apiVersion": "flink.apache.org/v1beta1", "kind": "FlinkDeployment"},
-            "strategy": "any",
-            "components": [
-                {
-                    "name": "jobmanager",
-                    "replicasPath": ".spec.jobManager.replicas",
-                    "podTemplatePath": ".spec.jobManager.podTemplate",
-                },
-                {
-                    "name": "taskmanager",
-                    "replicasPath": ".spec.taskManager.replicas",
-                    "podTemplatePath": ".spec.taskManager.podTemplate",
-                },
-            ],
-            "dependencies": [
-                {"path": ".spec.serviceAccount", "apiVersion": "v1", "kind": "ServiceAccount"}
-            ],
-        },
-    }
-)
-
 
 def test_flink_deployment_declared_and_component_dependencies() -> None:
     registry = Registry.with_builtins()
-    registry.register(FLINK_INTERPRETER)
+    registry.register(resource_interpreter())
     flink = manifest(
         "flink.apache.org/v1beta1",
         "FlinkDeployment",

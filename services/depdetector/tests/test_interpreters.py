@@ -5,11 +5,7 @@ from typing import Any
 
 import pytest
 
-from flotilla.common.api import (
-    GroupVersionKind,
-    ResourceInterpreter,
-    Strategy,
-)
+from flotilla.common.api import GroupVersionKind, Strategy
 from flotilla.depdetector import interpreters
 from flotilla.depdetector.interpreters import (
     Component,
@@ -20,43 +16,19 @@ from flotilla.depdetector.interpreters import (
     Registry,
 )
 
+from .builders import (
+    FLINK_INTERPRETER,
+    container,
+    manifest,
+    pod_spec,
+    resource_interpreter,
+    template,
+)
+
 GI = 2**30
 MI = 2**20
 
 # --- builders -----------------------------------------------------------------------
-
-
-def container(name: str = "app", **resources: dict[str, Any]) -> dict[str, Any]:
-    """A container; ``requests={...}`` / ``limits={...}`` become its resources."""
-    return {"name": name, "image": f"{name}:1", "resources": resources}
-
-
-def pod_spec(*containers: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    return {"containers": list(containers) or [container()], **fields}
-
-
-def template(spec: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"metadata": {"labels": {"app": "web"}}, "spec": spec or pod_spec()}
-
-
-def manifest(
-    api_version: str,
-    kind: str,
-    spec: dict[str, Any] | None = None,
-    *,
-    name: str = "web",
-    namespace: str | None = "shop",
-    annotations: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name}
-    if namespace:
-        metadata["namespace"] = namespace
-    if annotations:
-        metadata["annotations"] = annotations
-    obj: dict[str, Any] = {"apiVersion": api_version, "kind": kind, "metadata": metadata}
-    if spec is not None:
-        obj["spec"] = spec
-    return obj
 
 
 def deployment(replicas: int | None = 3, spec: dict[str, Any] | None = None, **kw: Any) -> Any:
@@ -84,41 +56,6 @@ def flink_deployment(jobmanager: int = 1, taskmanager: int = 3) -> dict[str, Any
             "taskManager": component(taskmanager, "2", "4Gi"),
         },
     )
-
-
-FLINK_INTERPRETER: dict[str, Any] = {
-    "apiVersion": "flotilla.io/v1alpha1",
-    "kind": "ResourceInterpreter",
-    "metadata": {"name": "flink"},
-    "spec": {
-        "target": {"apiVersion": "flink.apache.org/v1beta1", "kind": "FlinkDeployment"},
-        "strategy": "any",
-        "replicas": {"path": ".spec.replicas"},
-        "components": [
-            {
-                "name": "jobmanager",
-                "replicasPath": ".spec.jobManager.replicas",
-                "podTemplatePath": ".spec.jobManager.podTemplate",
-            },
-            {
-                "name": "taskmanager",
-                "replicasPath": ".spec.taskManager.replicas",
-                "podTemplatePath": ".spec.taskManager.podTemplate",
-            },
-        ],
-        "statusAggregation": [{"path": ".status.readyReplicas", "op": "sum"}],
-        "dependencies": [
-            {"path": ".spec.serviceAccount", "apiVersion": "v1", "kind": "ServiceAccount"}
-        ],
-    },
-}
-
-
-def resource_interpreter(name: str = "flink", **spec: Any) -> ResourceInterpreter:
-    body = copy.deepcopy(FLINK_INTERPRETER)
-    body["metadata"]["name"] = name
-    body["spec"].update(spec)
-    return ResourceInterpreter.model_validate(body)
 
 
 @pytest.fixture

@@ -1,0 +1,84 @@
+"""Builders for the test manifests of the dependency detector's tests.
+
+After Kubernetes ``pkg/scheduler/testing/wrappers.go``: a test names only what it
+is about (``manifest("v1", "Pod", pod_spec(container(requests={"cpu": "1"})))``)
+and gets a complete object.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from flotilla.common.api import ResourceInterpreter
+
+
+def manifest(
+    api_version: str,
+    kind: str,
+    spec: dict[str, Any] | None = None,
+    *,
+    name: str = "web",
+    namespace: str | None = "shop",
+    annotations: dict[str, str] | None = None,
+    **top: Any,
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name}
+    if namespace:
+        metadata["namespace"] = namespace
+    if annotations is not None:
+        metadata["annotations"] = annotations
+    obj: dict[str, Any] = {"apiVersion": api_version, "kind": kind, "metadata": metadata, **top}
+    if spec is not None:
+        obj["spec"] = spec
+    return obj
+
+
+def container(name: str = "app", **resources: dict[str, Any]) -> dict[str, Any]:
+    """A container; ``requests={...}`` / ``limits={...}`` become its resources."""
+    return {"name": name, "image": f"{name}:1", "resources": resources}
+
+
+def pod_spec(*containers: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {"containers": list(containers) or [container()], **fields}
+
+
+def template(spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"metadata": {"labels": {"app": "web"}}, "spec": spec or pod_spec()}
+
+
+# The ResourceInterpreter example of ARCHITECTURE.md section 3.
+FLINK_INTERPRETER: dict[str, Any] = {
+    "apiVersion": "flotilla.io/v1alpha1",
+    "kind": "ResourceInterpreter",
+    "metadata": {"name": "flink"},
+    "spec": {
+        "target": {"apiVersion": "flink.apache.org/v1beta1", "kind": "FlinkDeployment"},
+        "strategy": "any",
+        "replicas": {"path": ".spec.replicas"},
+        "components": [
+            {
+                "name": "jobmanager",
+                "replicasPath": ".spec.jobManager.replicas",
+                "podTemplatePath": ".spec.jobManager.podTemplate",
+            },
+            {
+                "name": "taskmanager",
+                "replicasPath": ".spec.taskManager.replicas",
+                "podTemplatePath": ".spec.taskManager.podTemplate",
+            },
+        ],
+        "statusAggregation": [{"path": ".status.readyReplicas", "op": "sum"}],
+        "dependencies": [
+            {"path": ".spec.serviceAccount", "apiVersion": "v1", "kind": "ServiceAccount"}
+        ],
+    },
+}
+
+
+def resource_interpreter(name: str = "flink", **spec: Any) -> ResourceInterpreter:
+    """The FlinkDeployment interpreter, renamed and with ``spec`` fields replaced."""
+    body = copy.deepcopy(FLINK_INTERPRETER)
+    body["metadata"]["name"] = name
+    body["spec"].update(spec)
+    return ResourceInterpreter.model_validate(body)
