@@ -107,13 +107,17 @@ async def test_bad_requests(
 
 
 async def test_yaml_create(session: aiohttp.ClientSession) -> None:
-    body = b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: from-yaml\ndata:\n  k: v\n"
+    body = (
+        b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: from-yaml\n"
+        b"  annotations:\n    when: 2026-01-01T00:00:00Z\ndata:\n  k: v\n  day: 2026-01-01\n"
+    )
     async with session.post(
         CONFIGMAPS, data=body, headers={"Content-Type": "application/yaml"}
     ) as resp:
         assert resp.status == 201
         created = await resp.json()
-    assert created["data"] == {"k": "v"}
+    assert created["data"] == {"k": "v", "day": "2026-01-01"}
+    assert created["metadata"]["annotations"] == {"when": "2026-01-01T00:00:00Z"}
 
 
 async def test_body_over_limit_is_413(session: aiohttp.ClientSession) -> None:

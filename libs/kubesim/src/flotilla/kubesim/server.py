@@ -65,10 +65,17 @@ _UNAUTHENTICATED = frozenset({"/healthz", "/livez", "/readyz"})
 _WATCH_POLL_SECONDS = 2.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-try:
-    _YamlLoader: Any = yaml.CSafeLoader
-except AttributeError:  # pragma: no cover - libyaml is optional
-    _YamlLoader = yaml.SafeLoader
+_BaseYamlLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _YamlLoader(_BaseYamlLoader):  # type: ignore[misc]
+    """Safe YAML as Kubernetes reads it: timestamps stay strings (they become JSON)."""
+
+
+_YamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in _BaseYamlLoader.yaml_implicit_resolvers.items()
+}
 
 
 def _dumps(obj: Any) -> bytes:
@@ -497,7 +504,7 @@ class KubeSim:
             if method == "DELETE":
                 return await self._delete_collection(request, rt, namespace)
         elif rt.namespaced and namespace is None:
-            pass
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
         elif watch_path and method == "GET" and subresource is None:
             request = request.clone(
                 rel_url=request.rel_url.update_query({"fieldSelector": f"metadata.name={name}"})
@@ -637,10 +644,10 @@ class KubeSim:
         # Registered in the same synchronous step as the snapshot above: no gap, no dupes.
         unsubscribe = self.store.add_record_listener(rt, watcher.offer)
         self._watches.add(watcher)
+        response = web.StreamResponse(status=200)
+        response.content_type = "application/json"
+        response.enable_chunked_encoding()
         try:
-            response = web.StreamResponse(status=200)
-            response.content_type = "application/json"
-            response.enable_chunked_encoding()
             await response.prepare(request)
             if expired is not None:
                 await response.write(encode_event("ERROR", expired.status()))
@@ -649,8 +656,9 @@ class KubeSim:
                 await response.write(b"".join(initial))
             await self._pump(request, response, watcher, rt, timeout, bookmarks)
             return response
-        except (ConnectionResetError, ConnectionError):
-            return web.Response(status=204)
+        except ConnectionError:
+            # The client went away; there is nobody left to answer.
+            return response
         finally:
             unsubscribe()
             self._watches.discard(watcher)
