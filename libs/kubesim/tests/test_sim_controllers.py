@@ -548,3 +548,139 @@ async def test_simulator_picks_up_objects_created_before_it_started() -> None:
     finally:
         await sim.stop()
     assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+
+def new_image(obj: dict[str, Any]) -> None:
+    obj["spec"]["template"]["spec"]["containers"][0]["image"] = "nginx:1.28"
+
+
+def images(cluster: Cluster) -> set[str]:
+    return {p["spec"]["containers"][0]["image"] for p in cluster.pods()}
+
+
+async def test_recreate_deployment_replaces_all_pods_at_once(cluster: Cluster) -> None:
+    recreate = deployment(replicas=3)
+    recreate["spec"]["strategy"] = {"type": "Recreate"}
+    cluster.create(recreate)
+    await eventually(lambda: cluster.status("Deployment", "web").get("readyReplicas") == 3)
+    mixed: list[bool] = []
+    unsubscribe = cluster.store.add_listener(
+        cluster.rt("Pod"),
+        lambda e: mixed.append(
+            len(
+                {
+                    p.labels.get("pod-template-hash")
+                    for p in cluster.sim.state.pods.values()
+                    if p.active
+                }
+            )
+            > 1
+        ),
+    )
+    try:
+        cluster.update_spec("Deployment", "web", new_image)
+        await eventually(
+            lambda: (
+                (s := cluster.status("Deployment", "web")).get("observedGeneration") == 2
+                and s.get("updatedReplicas") == 3
+                and s.get("readyReplicas") == 3
+            )
+        )
+    finally:
+        unsubscribe()
+    assert images(cluster) == {"nginx:1.28"}
+    assert not any(mixed)  # old and new pods never ran side by side
+
+
+async def test_statefulset_rolls_pods_from_the_highest_ordinal(cluster: Cluster) -> None:
+    cluster.create(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "db", "namespace": "default"},
+            "spec": {
+                "replicas": 3,
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": {"app": "db"}},
+                "template": template("db"),
+            },
+        }
+    )
+    await eventually(lambda: cluster.status("StatefulSet", "db").get("readyReplicas") == 3)
+    deleted: list[str] = []
+    unsubscribe = cluster.store.add_listener(
+        cluster.rt("Pod"),
+        lambda e: deleted.append(e.object["metadata"]["name"]) if e.type == "DELETED" else None,
+    )
+    try:
+        cluster.update_spec("StatefulSet", "db", new_image)
+        status = await eventually(
+            lambda: (
+                (s := cluster.status("StatefulSet", "db")).get("observedGeneration") == 2
+                and s.get("updatedReplicas") == 3
+                and s.get("readyReplicas") == 3
+                and s
+            )
+        )
+    finally:
+        unsubscribe()
+    assert deleted == ["db-2", "db-1", "db-0"]
+    assert status["currentRevision"] == status["updateRevision"]
+    assert images(cluster) == {"nginx:1.28"}
+
+
+async def test_daemonset_rolls_one_node_at_a_time(cluster: Cluster) -> None:
+    cluster.create(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "agent", "namespace": "default"},
+            "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": template("agent")},
+        }
+    )
+    await eventually(lambda: cluster.status("DaemonSet", "agent").get("numberReady") == 3)
+    unavailable: list[int] = []
+    unsubscribe = cluster.store.add_listener(
+        cluster.rt("Pod"),
+        lambda e: unavailable.append(
+            3 - sum(1 for p in cluster.sim.state.pods.values() if p.active and p.ready)
+        ),
+    )
+    try:
+        cluster.update_spec("DaemonSet", "agent", new_image)
+        await eventually(
+            lambda: (
+                (s := cluster.status("DaemonSet", "agent")).get("observedGeneration") == 2
+                and s.get("updatedNumberScheduled") == 3
+                and s.get("numberReady") == 3
+            )
+        )
+    finally:
+        unsubscribe()
+    assert images(cluster) == {"nginx:1.28"}
+    assert max(unavailable) == 1
+
+
+async def test_indexed_job_runs_each_index_once(cluster: Cluster) -> None:
+    cluster.create(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "shards", "namespace": "default"},
+            "spec": {
+                "completions": 3,
+                "parallelism": 3,
+                "completionMode": "Indexed",
+                "template": template("shards", restartPolicy="Never"),
+            },
+        }
+    )
+    status = await eventually(
+        lambda: (s := cluster.status("Job", "shards")).get("succeeded") == 3 and s
+    )
+    assert status["completedIndexes"] == "0,1,2"
+    indexes = sorted(
+        p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]
+        for p in cluster.pods()
+    )
+    assert indexes == ["0", "1", "2"]

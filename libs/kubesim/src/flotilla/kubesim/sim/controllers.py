@@ -711,17 +711,31 @@ class DaemonSetController:
                 ),
                 name,
             )
-        # RollingUpdate with maxUnavailable 1: replace one outdated pod at a time.
+        # RollingUpdate: replace outdated pods while at most maxUnavailable nodes lack a
+        # ready daemon pod (a node whose new pod was just created counts as unavailable).
         strategy = (ds.get("spec") or {}).get("updateStrategy") or {}
         if strategy.get("type", "RollingUpdate") != "RollingUpdate":
             return
-        records = [r for node in eligible for r in by_node.get(node, [])]
-        if any(not r.ready for r in records):
-            return
-        for record in records:
-            if record.labels.get(DAEMONSET_HASH) != generation:
-                self.ctx.delete_pod(record)
+        max_unavailable = max(
+            _int_or_percent(
+                (strategy.get("rollingUpdate") or {}).get("maxUnavailable", 1),
+                len(eligible),
+                round_up=True,
+            ),
+            1,
+        )
+        ready_nodes = {n for n in eligible if any(r.ready for r in by_node.get(n, ()))}
+        budget = max_unavailable - (len(eligible) - len(ready_nodes))
+        for node in eligible:
+            if budget <= 0:
                 return
+            outdated = [
+                r for r in by_node.get(node, ()) if r.labels.get(DAEMONSET_HASH) != generation
+            ]
+            if outdated and node in ready_nodes:
+                for record in outdated:
+                    self.ctx.delete_pod(record)
+                budget -= 1
 
 
 class JobController:
