@@ -348,3 +348,17 @@ def test_unknown_kind_is_not_found(store: Store) -> None:
     with pytest.raises(ApiError) as err:
         store.resource_type("example.com/v1", "Nope")
     assert err.value.code == 404
+
+
+def test_custom_resource_without_status_subresource(store: Store) -> None:
+    definition = crd()
+    del definition["spec"]["versions"][0]["subresources"]
+    store.create(resources.CRD, definition)
+    widgets = rt(store, "example.com/v1", "Widget")
+    assert not widgets.has_status
+    store.create(widgets, {"metadata": {"name": "w", "namespace": "default"}, "spec": {}})
+    obj = store.get(widgets, "default", "w")
+    obj["status"] = {"phase": "Ready"}
+    updated = store.update(widgets, obj)
+    assert updated["status"] == {"phase": "Ready"}
+    assert updated["metadata"]["generation"] == 2

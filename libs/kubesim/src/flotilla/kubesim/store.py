@@ -126,8 +126,10 @@ def _meta(obj: dict[str, Any]) -> dict[str, Any]:
     return meta
 
 
-def _spec_of(obj: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in obj.items() if k not in _NOT_SPEC}
+def _spec_of(obj: dict[str, Any], status_is_spec: bool = False) -> dict[str, Any]:
+    """What `generation` tracks: everything but metadata, and status when it has a subresource."""
+    ignored = _NOT_SPEC - {"status"} if status_is_spec else _NOT_SPEC
+    return {k: v for k, v in obj.items() if k not in ignored}
 
 
 def types_from_crd(crd: dict[str, Any]) -> list[ResourceType]:
@@ -637,7 +639,9 @@ class Store:
                         ],
                         rt.group,
                     )
-            if _spec_of(new) != _spec_of(current):
+            # Without a status subresource, status is ordinary content (upstream CRD rule).
+            status_is_spec = rt.custom and not rt.has_status
+            if _spec_of(new, status_is_spec) != _spec_of(current, status_is_spec):
                 meta["generation"] = cur_meta.get("generation", 1) + 1
         else:
             raise errors.not_found(f"{rt.plural}/{subresource}", name, rt.group)
