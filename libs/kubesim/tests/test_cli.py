@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -74,8 +75,8 @@ async def test_hub_and_three_members_as_processes(tmp_path: Path) -> None:
             finally:
                 await api.close()
     finally:
-        for process, _ in processes.values():
-            process.send_signal(signal.SIGTERM)
+        for name, (process, _) in processes.items():
+            process.send_signal(signal.SIGINT if name == "hub" else signal.SIGTERM)
         codes = await asyncio.gather(
             *(asyncio.wait_for(p.wait(), 15) for p, _ in processes.values())
         )
@@ -105,3 +106,27 @@ def test_arguments_follow_the_contract() -> None:
     assert not kubesim.hub
     with pytest.raises(SystemExit):
         cli.parse_args(["--name", "x", "--port", "0", "--kubeconfig", "k", "--node-labels", "bad"])
+
+
+async def test_port_in_use_exits_nonzero_without_ready(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = await asyncio.create_subprocess_exec(
+            COMMAND,
+            "--name",
+            "clash",
+            "--port",
+            str(port),
+            "--kubeconfig",
+            str(tmp_path / "clash.yaml"),
+            "--hub",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        stdout, stderr = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 1
+    assert b"READY" not in stdout
+    assert b"failed to start" in stderr
+    assert not await asyncio.to_thread((tmp_path / "clash.yaml").exists)
