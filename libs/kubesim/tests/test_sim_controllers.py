@@ -684,3 +684,39 @@ async def test_indexed_job_runs_each_index_once(cluster: Cluster) -> None:
         for p in cluster.pods()
     )
     assert indexes == ["0", "1", "2"]
+
+
+async def test_pods_for_another_scheduler_or_gated_are_not_bound(cluster: Cluster) -> None:
+    cluster.create(bare_pod("custom", schedulerName="my-scheduler"))
+    cluster.create(bare_pod("gated", schedulingGates=[{"name": "example.com/quota"}]))
+    cluster.create(bare_pod("plain"))
+
+    await eventually(lambda: cluster.get("Pod", "plain")["status"]["phase"] == "Running")
+    gated = await eventually(
+        lambda: (p := cluster.get("Pod", "gated"))["status"].get("conditions") and p
+    )
+    assert condition(gated, "PodScheduled")["reason"] == "SchedulingGated"
+    assert "nodeName" not in cluster.get("Pod", "custom")["spec"]
+    assert "conditions" not in cluster.get("Pod", "custom")["status"]
+
+    cluster.update_spec("Pod", "gated", lambda p: p["spec"].pop("schedulingGates"))
+
+    await eventually(lambda: cluster.get("Pod", "gated")["status"]["phase"] == "Running")
+
+
+async def test_a_bound_pod_reports_containers_creating_until_ready(
+    cluster_factory: Callable[..., Any],
+) -> None:
+    slow: Cluster = await cluster_factory(nodes=1, pod_ready_seconds=30)
+    slow.create(bare_pod("starting"))
+
+    pod = await eventually(
+        lambda: (p := slow.get("Pod", "starting"))["status"].get("containerStatuses") and p
+    )
+    assert pod["status"]["phase"] == "Pending"
+    assert condition(pod, "PodScheduled")["status"] == "True"
+    assert condition(pod, "Ready")["reason"] == "ContainersNotReady"
+    assert pod["status"]["containerStatuses"][0]["state"] == {
+        "waiting": {"reason": "ContainerCreating"}
+    }
+    assert pod["status"]["hostIP"]

@@ -115,12 +115,44 @@ def _condition(
     return condition
 
 
-def scheduled_status(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-    """Status right after binding: still Pending, `PodScheduled=True`."""
+def _waiting_containers(spec: dict[str, Any], reason: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": c.get("name", ""),
+            "image": c.get("image", ""),
+            "imageID": "",
+            "ready": False,
+            "started": False,
+            "restartCount": 0,
+            "state": {"waiting": {"reason": reason}},
+            "lastState": {},
+        }
+        for c in spec.get("containers") or ()
+    ]
+
+
+def scheduled_status(spec: dict[str, Any], status: dict[str, Any], host_ip: str) -> dict[str, Any]:
+    """Status right after binding, as the kubelet first reports it: Pending, creating."""
+    now = now_rfc3339()
+    not_ready = (
+        "containers with unready status: ["
+        + " ".join(c.get("name", "") for c in spec.get("containers") or ())
+        + "]"
+    )
     return {
         **status,
         "phase": "Pending",
-        "conditions": [_condition("PodScheduled", "True", now_rfc3339())],
+        "conditions": [
+            _condition("PodReadyToStartContainers", "False", now),
+            _condition("Initialized", "True", now),
+            _condition("Ready", "False", now, "ContainersNotReady", not_ready),
+            _condition("ContainersReady", "False", now, "ContainersNotReady", not_ready),
+            _condition("PodScheduled", "True", now),
+        ],
+        "hostIP": host_ip,
+        "hostIPs": [{"ip": host_ip}],
+        "startTime": now,
+        "containerStatuses": _waiting_containers(spec, "ContainerCreating"),
         "qosClass": qos_class(spec),
     }
 
@@ -130,6 +162,22 @@ def unschedulable_status(spec: dict[str, Any], message: str) -> dict[str, Any]:
         "phase": "Pending",
         "conditions": [
             _condition("PodScheduled", "False", now_rfc3339(), "Unschedulable", message)
+        ],
+        "qosClass": qos_class(spec),
+    }
+
+
+def gated_status(spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "phase": "Pending",
+        "conditions": [
+            _condition(
+                "PodScheduled",
+                "False",
+                now_rfc3339(),
+                "SchedulingGated",
+                "Scheduling is blocked due to non-empty scheduling gates",
+            )
         ],
         "qosClass": qos_class(spec),
     }
@@ -148,6 +196,7 @@ def running_status(
     for condition in status.get("conditions") or ():
         if condition.get("type") == "PodScheduled":
             scheduled_at = condition.get("lastTransitionTime") or now
+    started_at = status.get("startTime") or now
     out: dict[str, Any] = {
         "phase": "Running",
         "conditions": [
@@ -161,7 +210,7 @@ def running_status(
         "hostIPs": [{"ip": host_ip}],
         "podIP": pod_ip,
         "podIPs": [{"ip": pod_ip}],
-        "startTime": now,
+        "startTime": started_at,
         "qosClass": status.get("qosClass") or qos_class(spec),
         "containerStatuses": [
             {

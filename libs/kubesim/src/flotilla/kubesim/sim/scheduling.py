@@ -28,6 +28,7 @@ PODS = "pods"
 CPU = "cpu"
 MEMORY = "memory"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+DEFAULT_SCHEDULER = "default-scheduler"
 _FILTERED_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
 Resources = dict[str, int]
@@ -96,6 +97,13 @@ class PodSchedulingSpec:
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     required_terms: list[dict[str, Any]] | None = None
+    scheduler_name: str = DEFAULT_SCHEDULER
+    gated: bool = False
+
+    @property
+    def ours(self) -> bool:
+        """Pods naming another scheduler are left alone, as upstream's default one does."""
+        return self.scheduler_name == DEFAULT_SCHEDULER
 
     @classmethod
     def from_pod_spec(cls, spec: Mapping[str, Any]) -> PodSchedulingSpec:
@@ -109,6 +117,8 @@ class PodSchedulingSpec:
             node_selector=dict(spec.get("nodeSelector") or {}),
             tolerations=list(spec.get("tolerations") or []),
             required_terms=terms,
+            scheduler_name=spec.get("schedulerName") or DEFAULT_SCHEDULER,
+            gated=bool(spec.get("schedulingGates")),
         )
 
 

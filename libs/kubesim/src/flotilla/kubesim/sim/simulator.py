@@ -52,6 +52,7 @@ _TYPES = {
     "Job": "batch/v1",
 }
 _RETRY_SECONDS = 1.0
+_GATED = "SchedulingGated"
 
 
 class Simulator:
@@ -329,8 +330,18 @@ class Simulator:
         record = self.state.pods.get(key)
         if record is None or record.node_name or record.deleting or not record.active:
             return
-        decision = scheduling.choose_node(record.scheduling, self.state.nodes.values())
+        if not record.scheduling.ours:
+            return
         pod_rt = self.types["Pod"]
+        if record.scheduling.gated:
+            # Upstream keeps gated pods out of the scheduling queue until the gates go.
+            if record.unschedulable_message != _GATED:
+                pod = self.store.get(pod_rt, *key)
+                status = pods.gated_status(pod.get("spec") or {})
+                controllers.write_status(self.store, pod_rt, pod, status)
+                record.unschedulable_message = _GATED
+            return
+        decision = scheduling.choose_node(record.scheduling, self.state.nodes.values())
         if decision.node is None:
             self.state.unschedulable.add(key)
             message = scheduling.unschedulable_message(len(self.state.nodes), decision.reasons)
@@ -361,7 +372,11 @@ class Simulator:
             self.store,
             pod_rt,
             bound,
-            pods.scheduled_status(bound["spec"], bound.get("status") or {}),
+            pods.scheduled_status(
+                bound["spec"],
+                bound.get("status") or {},
+                self.state.node_ips.get(decision.node, "10.0.0.1"),
+            ),
         )
 
     # -- kubelet -----------------------------------------------------------------------
