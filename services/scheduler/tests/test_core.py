@@ -118,8 +118,7 @@ def test_whole_sets_estimate_counts_more_than_one() -> None:
         (
             make_cluster("x").draining(NOW - timedelta(minutes=5)),
             "draining",
-            "draining since 2026-11-29T11:55:00+00:00 (spec.evictAfter); "
-            "every placement moves away",
+            "draining (spec.evictAfter 2026-11-29T11:55:00+00:00); no new placements",
         ),
         (make_cluster("x").not_ready("Lost"), "ready", "not Ready: Ready is False (Lost)"),
     ],

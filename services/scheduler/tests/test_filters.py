@@ -296,7 +296,12 @@ DRAIN_CASES = [
     Case(
         "future drain rejects new",
         [make_cluster("a").draining(NOW + timedelta(hours=1))],
-        {"a": "drain scheduled"},
+        {"a": "no new placements"},
+    ),
+    Case(
+        "past drain rejects new with the same reason",
+        [make_cluster("a").draining(NOW - timedelta(hours=1))],
+        {"a": "draining (spec.evictAfter 2026-11-29T11:00:00+00:00); no new placements"},
     ),
     Case(
         "future drain keeps existing",

@@ -28,11 +28,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from flotilla.common import api
 from flotilla.common.api import GroupVersionKind, PlacementState, Strategy
-from flotilla.common.events import ClusterPlacement
 from flotilla.scheduler import filters, scores, strategies
 from flotilla.scheduler.model import (
     ClusterView,
@@ -72,6 +71,12 @@ def context(inp: SchedulingInput, strategy: Strategy) -> Context:
         required = 1 if (replicas is None or replicas > 0) else 0
     else:
         required = 1 if replicas is None else replicas
+    if required == 0:
+        fits: Mapping[str, int] = {}
+    elif components:
+        fits = inp.fleet.set_fits(components)
+    else:
+        fits = inp.fleet.fits(analyzed.requests)
     held = {p.cluster: p.replicas or 0 for p in inp.previous if p.state is PlacementState.ACTIVE}
     return Context(
         input=inp,
@@ -94,21 +99,56 @@ def context(inp: SchedulingInput, strategy: Strategy) -> Context:
         split_by=policy.split_by if policy else api.SplitBy.CAPACITY,
         weights=tuple(policy.weights) if policy else (),
         seed=hash64(inp.uid),
+        fits=fits,
     )
 
 
-def run_filters(ctx: Context) -> tuple[list[ClusterView], Rejections]:
-    """The clusters every filter passes, and a verdict for each one rejected."""
-    candidates = list(ctx.fleet.views)
+def _chain(
+    ctx: Context, units: Sequence[filters.Filter], candidates: Sequence[ClusterView]
+) -> tuple[list[ClusterView], Rejections]:
+    passing = list(candidates)
     rejections: Rejections = {}
-    for _, unit in filters.FILTERS.items():
-        if not candidates:
+    for unit in units:
+        if not passing:
             break
-        rejected = unit(ctx, candidates)
+        rejected = unit.check(ctx, passing)
         if rejected:
             rejections.update(rejected)
-            candidates = [c for c in candidates if c.name not in rejected]
-    return candidates, rejections
+            passing = [c for c in passing if c.name not in rejected]
+    return passing, rejections
+
+
+def run_filters(ctx: Context) -> tuple[list[ClusterView], Rejections]:
+    """The clusters every filter passes, and a verdict for each one rejected.
+
+    Memoised filters (`filters.Filter.key`) are run once per fleet and combined key
+    with no cluster counted as holding the object; the clusters that do hold it
+    are then checked on their own, and the per-decision filters run last.
+    """
+    fleet = ctx.fleet
+    units = filters.FILTERS.items()
+    memoised = [unit for _, unit in units if unit.key is not None]
+    per_decision = [unit for _, unit in units if unit.key is None]
+    key = ("filters", *((name, unit.key(ctx)) for name, unit in units if unit.key is not None))
+    cached: tuple[list[ClusterView], Rejections] | None = fleet.memo.get(key)
+    if cached is None:
+        fresh = dataclasses.replace(ctx, held={})
+        cached = _chain(fresh, memoised, fleet.views)
+        fleet.memo[key] = cached
+    passing, rejections = cached
+    held = ctx.held
+    if held:
+        holders = [fleet.by_name[name] for name in sorted(held) if name in fleet.by_name]
+        held_passing, held_rejections = _chain(ctx, memoised, holders)
+        passing = [c for c in passing if c.name not in held]
+        passing.extend(held_passing)
+        rejections = {name: v for name, v in rejections.items() if name not in held}
+        rejections.update(held_rejections)
+    else:
+        rejections = dict(rejections)
+    passing, late = _chain(ctx, per_decision, passing)
+    rejections.update(late)
+    return passing, rejections
 
 
 def unschedulable_reason(rejections: Rejections, clusters: int) -> str:
@@ -170,7 +210,8 @@ def _finish(
     deleted: bool = False,
     retire: bool = True,
 ) -> Decision:
-    active = [ClusterPlacement(cluster=name, replicas=n) for name, n in placements]
+    entry = inp.fleet.placement
+    active = [entry(name, n, PlacementState.ACTIVE) for name, n in placements]
     chosen = {name for name, _ in placements}
     retiring = []
     if retire and not deleted:
@@ -180,13 +221,7 @@ def _finish(
             if previous.cluster in seen or previous.cluster not in known:
                 continue
             seen.add(previous.cluster)
-            retiring.append(
-                ClusterPlacement(
-                    cluster=previous.cluster,
-                    replicas=previous.replicas,
-                    state=PlacementState.RETIRING,
-                )
-            )
+            retiring.append(entry(previous.cluster, previous.replicas, PlacementState.RETIRING))
     clusters = (*active, *retiring)
     result = "\x1f".join(
         [
@@ -195,8 +230,10 @@ def _finish(
             str(schedulable),
             str(pending),
             str(deleted),
-            *(f"{p.cluster}={p.replicas}:{p.state.value}" for p in clusters),
-            *(f"{name}!{v.code.value}:{v}" for name, v in sorted(rejections.items())),
+            *(f"{p.cluster}={p.replicas}:{p.state}" for p in clusters),
+            # Insertion order is deterministic: filters walk the fleet in name order.
+            *rejections,
+            *[verdict.line for verdict in rejections.values()],
         ]
     )
     decision_id = hashlib.sha256(f"{inp.digest()}\x1e{result}".encode()).hexdigest()[:32]

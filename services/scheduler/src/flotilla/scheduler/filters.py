@@ -6,12 +6,15 @@ decision's `Context` and the clusters still in the running, and returns a
 rejections are values, so ``describe`` can say why an object is not where the user
 expected. Filters run in registration order and a rejected cluster is not shown to
 later filters, so each cluster carries the first reason it failed, as in the
-Kubernetes scheduler. Cheap checks on policy come first, capacity last.
+Kubernetes scheduler.
 
-A filter works on the whole candidate list at once rather than one cluster at a
-time: most of them turn into a set lookup per cluster against data the `Fleet`
-computed once per snapshot, which is what keeps a decision over a thousand
-clusters within a couple of milliseconds.
+Most filters judge a cluster that does not hold the object by the fleet and the
+policy alone. Those declare a memo key (`Filter.key`): the core runs them once per
+fleet and key over every cluster and reuses the verdicts for every object with the
+same policy and request shape, checking only the clusters that hold the object
+afresh. That, not clever code in each filter, is what keeps a decision over a
+thousand clusters within a millisecond or two. The two filters that read per-decision
+input (``dependencies``, ``reschedule``) run last, on every decision.
 
 New placements and existing ones are not judged alike. A cluster that already
 holds the object (it is in ``ctx.held``) keeps it through everything that only
@@ -51,7 +54,8 @@ without ``timeAdded`` has not started its clock (the watcher should stamp it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 
 from flotilla.common import quantity
 from flotilla.common.api import Taint as ClusterTaint
@@ -64,25 +68,48 @@ from flotilla.scheduler.model import (
     Rejections,
     Verdict,
     aware,
+    components_key,
+    requests_key,
 )
 
-Filter = Callable[[Context, Sequence[ClusterView]], Rejections]
+Check = Callable[[Context, Sequence[ClusterView]], Rejections]
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """One registered filter: its check and, for fleet-static filters, a memo key."""
+
+    check: Check
+    key: Callable[[Context], Hashable] | None = None
+    """Set when the check's verdicts on clusters that do *not* hold the object depend
+    only on the fleet and this key (never on ``now``, the previous placement or the
+    object's uid). The core then runs it once per fleet and key for every cluster and
+    reuses the verdicts; clusters that hold the object are always checked afresh."""
+
+    def __call__(self, ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
+        return self.check(ctx, candidates)
+
 
 FILTERS: Registry[Filter] = Registry("filter")
 
 
-@FILTERS.register("reschedule")
-def avoided(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
-    avoid = ctx.input.avoid_clusters
-    if not avoid:
-        return {}
-    verdict = Verdict(
-        Code.UNSCHEDULABLE, "reschedule", "a reschedule request asked to move off this cluster"
-    )
-    return {c.name: verdict for c in candidates if c.name in avoid}
+def register(
+    name: str, key: Callable[[Context], Hashable] | None = None
+) -> Callable[[Check], Check]:
+    """Register ``check`` as the filter ``name`` (see `Filter.key`)."""
+
+    def decorate(check: Check) -> Check:
+        FILTERS.add(name, Filter(check, key))
+        return check
+
+    return decorate
 
 
-@FILTERS.register("cluster-names")
+def _constant(ctx: Context) -> Hashable:
+    return ()
+
+
+@register("cluster-names", key=lambda ctx: ctx.cluster_names)
 def cluster_names(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
     allowed = ctx.cluster_names
     if allowed is None:
@@ -91,7 +118,10 @@ def cluster_names(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections
     return {c.name: verdict for c in candidates if c.name not in allowed}
 
 
-@FILTERS.register("cluster-selector")
+@register(
+    "cluster-selector",
+    key=lambda ctx: ctx.cluster_selector.model_dump_json() if ctx.cluster_selector else None,
+)
 def cluster_selector(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
     selector = ctx.cluster_selector
     if selector is None:
@@ -103,24 +133,24 @@ def cluster_selector(ctx: Context, candidates: Sequence[ClusterView]) -> Rejecti
     return {c.name: verdict for c in candidates if c.name not in selected}
 
 
-@FILTERS.register("draining")
+@register("draining", key=_constant)
 def draining(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
     rejected: Rejections = {}
     for c in candidates:
         if c.evict_after is None:
             continue
         when = c.evict_after.isoformat()
-        if c.evict_after <= ctx.now:
+        if c.name not in ctx.held:
+            reason = f"draining (spec.evictAfter {when}); no new placements"
+        elif c.evict_after <= ctx.now:
             reason = f"draining since {when} (spec.evictAfter); every placement moves away"
-        elif c.name not in ctx.held:
-            reason = f"drain scheduled at {when} (spec.evictAfter); no new placements"
         else:
             continue
         rejected[c.name] = Verdict(Code.UNSCHEDULABLE, "draining", reason)
     return rejected
 
 
-@FILTERS.register("cordon")
+@register("cordon", key=_constant)
 def cordon(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
     verdict = Verdict(
         Code.UNSCHEDULABLE, "cordon", "cordoned (spec.unschedulable); no new placements"
@@ -129,7 +159,7 @@ def cordon(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
     return {c.name: verdict for c in candidates if c.unschedulable and c.name not in held}
 
 
-@FILTERS.register("ready")
+@register("ready", key=_constant)
 def ready(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
     held = ctx.held
     return {
@@ -188,7 +218,12 @@ def _taint_verdict(ctx: Context, cluster: ClusterView) -> Verdict | None:
     return None
 
 
-@FILTERS.register("taints")
+@register(
+    "taints",
+    key=lambda ctx: tuple(
+        (t.key, t.operator, t.value, t.effect, t.toleration_seconds) for t in ctx.tolerations
+    ),
+)
 def taints(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
     rejected: Rejections = {}
     for c in candidates:
@@ -199,14 +234,61 @@ def taints(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
     return rejected
 
 
-@FILTERS.register("api-resources")
+@register("api-resources", key=lambda ctx: ctx.gvk)
 def api_resources(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
     gvk = ctx.gvk
     verdict = Verdict(Code.UNSCHEDULABLE, "api-resources", f"does not serve {gvk}")
     return {c.name: verdict for c in candidates if c.api_resources and gvk not in c.api_resources}
 
 
-@FILTERS.register("dependencies")
+def describe_requests(requests: dict[str, int] | None) -> str:
+    """``cpu=500m, memory=1Gi`` — a request shape as a person writes it."""
+    if not requests:
+        return "nothing"
+    return ", ".join(f"{r}={quantity.format_units(r, n)}" for r, n in sorted(requests.items()))
+
+
+@register(
+    "capacity",
+    key=lambda ctx: (requests_key(ctx.per_replica), components_key(ctx.components), ctx.required),
+)
+def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
+    required = ctx.required
+    if required == 0:
+        return {}
+    if ctx.components:
+        unit = "whole component set" if required == 1 else "whole component sets"
+        shape = "; ".join(
+            f"{c.name} {c.replicas}x({describe_requests(c.requests)})" for c in ctx.components
+        )
+    else:
+        unit = "replica" if required == 1 else "replicas"
+        shape = describe_requests(dict(ctx.per_replica))
+    held = ctx.held
+    fits = ctx.fits
+    rejected: Rejections = {}
+    for c in candidates:
+        if c.name in held:
+            continue
+        fit = fits.get(c.name)
+        if fit is None:
+            rejected[c.name] = Verdict(
+                Code.UNSCHEDULABLE, "capacity", "no capacity record in the snapshot yet"
+            )
+        elif fit < required:
+            rejected[c.name] = Verdict(
+                Code.UNSCHEDULABLE,
+                "capacity",
+                f"room for {fit} of {required} {unit} ({shape})",
+            )
+    return rejected
+
+
+# Per-decision filters: they read the reschedule request and the dependencies'
+# placements, so they run on every decision, after the memoised ones.
+
+
+@register("dependencies")
 def dependencies(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
     pinned = [
         (key, frozenset(where))
@@ -228,42 +310,12 @@ def dependencies(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
     return rejected
 
 
-def describe_requests(requests: dict[str, int] | None) -> str:
-    """``cpu=500m, memory=1Gi`` — a request shape as a person writes it."""
-    if not requests:
-        return "nothing"
-    return ", ".join(f"{r}={quantity.format_units(r, n)}" for r, n in sorted(requests.items()))
-
-
-@FILTERS.register("capacity")
-def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
-    required = ctx.required
-    if required == 0:
+@register("reschedule")
+def avoided(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
+    avoid = ctx.input.avoid_clusters
+    if not avoid:
         return {}
-    if ctx.components:
-        fits = ctx.fleet.set_fits(ctx.components)
-        unit = "whole component set" if required == 1 else "whole component sets"
-        shape = "; ".join(
-            f"{c.name} {c.replicas}x({describe_requests(c.requests)})" for c in ctx.components
-        )
-    else:
-        fits = ctx.fleet.fits(ctx.per_replica)
-        unit = "replica" if required == 1 else "replicas"
-        shape = describe_requests(dict(ctx.per_replica))
-    held = ctx.held
-    rejected: Rejections = {}
-    for c in candidates:
-        if c.name in held:
-            continue
-        fit = fits.get(c.name)
-        if fit is None:
-            rejected[c.name] = Verdict(
-                Code.UNSCHEDULABLE, "capacity", "no capacity record in the snapshot yet"
-            )
-        elif fit < required:
-            rejected[c.name] = Verdict(
-                Code.UNSCHEDULABLE,
-                "capacity",
-                f"room for {fit} of {required} {unit} ({shape})",
-            )
-    return rejected
+    verdict = Verdict(
+        Code.UNSCHEDULABLE, "reschedule", "a reschedule request asked to move off this cluster"
+    )
+    return {c.name: verdict for c in candidates if c.name in avoid}

@@ -37,7 +37,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -125,6 +125,11 @@ def hash64(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
+def components_key(components: Sequence[Component]) -> str:
+    """A hashable form of a component list (a cache key)."""
+    return json.dumps([[c.name, c.replicas, sorted(c.requests.items())] for c in components])
+
+
 def requests_key(requests: Mapping[str, int]) -> RequestsKey:
     """A hashable, order-independent form of a request shape (a cache key)."""
     return tuple(sorted(requests.items()))
@@ -148,6 +153,11 @@ class Verdict:
     """The filter, score or selection step that decided (e.g. ``cordon``)."""
     reason: str
     """One readable line, shown by ``describe``."""
+    line: str = field(init=False, repr=False, compare=False)
+    """``code:unit:reason``, what the decision id hashes (built once per verdict)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "line", f"{self.code}:{self.unit}:{self.reason}")
 
     def __str__(self) -> str:
         return f"{self.unit}: {self.reason}"
@@ -279,6 +289,20 @@ class Fleet:
         self._selected: dict[str, frozenset[str]] = {}
         self._fits: dict[RequestsKey, dict[str, int]] = {}
         self._sets: dict[str, dict[str, int]] = {}
+        self._placements: dict[tuple[str, int | None, PlacementState], ClusterPlacement] = {}
+        self.memo: dict[Hashable, Any] = {}
+        """Per-snapshot results other modules compute (the core's filter verdicts)."""
+
+    def placement(
+        self, cluster: str, replicas: int | None, state: PlacementState
+    ) -> ClusterPlacement:
+        """The (frozen, so shareable) placement entry; built once per fleet."""
+        key = (cluster, replicas, state)
+        entry = self._placements.get(key)
+        if entry is None:
+            entry = ClusterPlacement(cluster=cluster, replicas=replicas, state=state)
+            self._placements[key] = entry
+        return entry
 
     def selected_by(self, selector: api.LabelSelector) -> frozenset[str]:
         """Names of the clusters ``selector`` selects (memoised per selector)."""
@@ -303,7 +327,7 @@ class Fleet:
 
     def set_fits(self, components: Sequence[Component]) -> Mapping[str, int]:
         """Cluster → how many whole sets of ``components`` fit (see `whole_sets`)."""
-        key = json.dumps([[c.name, c.replicas, sorted(c.requests.items())] for c in components])
+        key = components_key(components)
         fits = self._sets.get(key)
         if fits is None:
             fits = {
@@ -420,6 +444,10 @@ class Context:
     weights: tuple[api.WeightRule, ...]
     seed: int
     """`hash64` of the uid; `tiebreak` mixes it with each cluster's name hash."""
+    fits: Mapping[str, int]
+    """Cluster → free fit for this object's shape (replicas, or whole component
+    sets); clusters without a capacity record are absent. Empty when
+    ``required`` is 0."""
 
     @property
     def fleet(self) -> Fleet:
@@ -428,6 +456,12 @@ class Context:
     @property
     def now(self) -> datetime:
         return self.input.now
+
+    def tiebreaks(self, views: Sequence[ClusterView]) -> list[int]:
+        """`tiebreak` of each view, in one pass."""
+        seed = self.seed
+        mixed = [((v.name_hash ^ seed) * _GOLDEN) & _MASK64 for v in views]
+        return [m ^ (m >> 29) for m in mixed]
 
     def tiebreak(self, view: ClusterView) -> int:
         """A per-(object, cluster) number that orders otherwise equal clusters.
@@ -450,10 +484,7 @@ class Context:
         so without adding them back a full cluster would reject its own workload.
         ``None`` when the snapshot has no record of the cluster.
         """
-        fits = self.fleet.set_fits(self.components) if self.components else None
-        if fits is None:
-            fits = self.fleet.fits(self.per_replica)
-        fit = fits.get(name)
+        fit = self.fits.get(name)
         if fit is None:
             return None
         return min(fit + self.held.get(name, 0), UNBOUNDED)

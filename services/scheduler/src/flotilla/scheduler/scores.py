@@ -22,12 +22,14 @@ scores do not all pile onto the same cluster.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from flotilla.scheduler.model import UNBOUNDED, ClusterView, Context, Registry
 
-ScoreFn = Callable[[Context, Sequence[ClusterView]], Mapping[str, float]]
+ScoreFn = Callable[[Context, Sequence[ClusterView]], Sequence[float] | None]
+"""Returns one value per candidate, in the candidates' order; ``None`` when the score
+has no preference this time (every candidate would get the same value)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +54,11 @@ def score(name: str, weight: int) -> Callable[[ScoreFn], ScoreFn]:
 
 
 @score("stability", weight=3)
-def stability(ctx: Context, candidates: Sequence[ClusterView]) -> Mapping[str, float]:
+def stability(ctx: Context, candidates: Sequence[ClusterView]) -> Sequence[float] | None:
     held = ctx.held
-    return {c.name: MAX if c.name in held else 0.0 for c in candidates}
+    if not held:
+        return None
+    return [MAX if c.name in held else 0.0 for c in candidates]
 
 
 def _free_share(view: ClusterView) -> float:
@@ -71,30 +75,38 @@ def _free_share(view: ClusterView) -> float:
 
 
 @score("capacity", weight=1)
-def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Mapping[str, float]:
+def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Sequence[float] | None:
     if ctx.required == 0:
-        return {c.name: MAX * min(_free_share(c), 1.0) for c in candidates}
-    room = {c.name: ctx.capacity_of(c.name) or 0 for c in candidates}
-    most = max((r for r in room.values() if r < UNBOUNDED), default=0)
+        return [MAX * min(_free_share(c), 1.0) for c in candidates]
+    fits = ctx.fits
+    held = ctx.held
+    room = [
+        min(fits.get(c.name, 0) + held.get(c.name, 0), UNBOUNDED) if held else fits.get(c.name, 0)
+        for c in candidates
+    ]
+    most = max((r for r in room if r < UNBOUNDED), default=0)
     if most == 0:
-        return dict.fromkeys(room, MAX)
-    return {name: MAX * min(r, most) / most for name, r in room.items()}
+        return None
+    scale = MAX / most
+    return [min(r, most) * scale for r in room]
 
 
 @score("balance", weight=1)
-def balance(ctx: Context, candidates: Sequence[ClusterView]) -> Mapping[str, float]:
-    busiest = max((c.placements for c in candidates), default=0)
+def balance(ctx: Context, candidates: Sequence[ClusterView]) -> Sequence[float] | None:
+    busiest = max(c.placements for c in candidates)
     if busiest == 0:
-        return {c.name: MAX for c in candidates}
-    return {c.name: MAX * (1 - c.placements / busiest) for c in candidates}
+        return None
+    return [MAX - MAX * c.placements / busiest for c in candidates]
 
 
-def totals(ctx: Context, candidates: Sequence[ClusterView]) -> dict[str, float]:
-    """Cluster → weighted sum of every registered score."""
-    total = dict.fromkeys((c.name for c in candidates), 0.0)
+def totals(ctx: Context, candidates: Sequence[ClusterView]) -> list[float]:
+    """The weighted sum of every registered score, per candidate in order."""
+    total = [0.0] * len(candidates)
     for _, unit in SCORES.items():
-        for name, value in unit.fn(ctx, candidates).items():
-            total[name] += unit.weight * value
+        values = unit.fn(ctx, candidates)
+        if values is not None:
+            weight = unit.weight
+            total = [t + weight * v for t, v in zip(total, values, strict=True)]
     return total
 
 
@@ -102,5 +114,13 @@ def rank(ctx: Context, candidates: Sequence[ClusterView]) -> list[ClusterView]:
     """The candidates, best first (highest total, then tie-break, then name)."""
     if len(candidates) <= 1:
         return list(candidates)
-    total = totals(ctx, candidates)
-    return sorted(candidates, key=lambda c: (-total[c.name], ctx.tiebreak(c), c.name))
+    keyed = sorted(
+        zip(
+            [-t for t in totals(ctx, candidates)],
+            ctx.tiebreaks(candidates),
+            [c.name for c in candidates],
+            range(len(candidates)),
+            strict=True,
+        )
+    )
+    return [candidates[k[3]] for k in keyed]

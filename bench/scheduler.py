@@ -1,0 +1,243 @@
+"""Decisions per second of the pure scheduler core at 10, 100 and 1,000 clusters.
+
+Not a test: it prints one JSON document. Run with ``.venv/bin/python bench/scheduler.py``
+(optionally ``--seconds 3`` per fleet size, ``--clusters 100`` for one size).
+
+The fleet is a realistic mix: five regions, ten nodes per cluster, about one cluster
+in ten tainted ``dedicated=batch:NoSchedule``, a few cordoned, NotReady or draining,
+and API resources reported. The objects are 60% ``split`` Deployments (region
+selector, toleration for the batch taint, some with ``maxClusters`` or ``spread``),
+15% ``copy`` DaemonSets and 25% ``any`` Pods, over eight request shapes, a third of
+them with a previous placement.
+
+What is timed is ``core.schedule`` alone, one snapshot (`model.Fleet`) shared by all
+decisions as in the service; building the fleet is reported separately
+(``fleet_build_ms``) because it happens once per capacity snapshot, not per
+decision. ``decisions_per_s`` is the steady state, the per-snapshot memos (fit per
+request shape, filter verdicts per policy and shape) filled; ``first_decision_us`` and
+``first_pass_decisions_per_s`` (the first pass over all 300 objects) are the cold
+cost right after a new snapshot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from flotilla.common import api, capacity
+from flotilla.common.api import Strategy
+from flotilla.common.events import ClusterPlacement, ObjectRef, ResourceAnalyzed
+from flotilla.scheduler import core
+from flotilla.scheduler.model import Fleet, SchedulingInput
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+REGIONS = ["us-east", "us-west", "eu-west", "eu-central", "ap-south"]
+GIB = 2**30
+SHAPES = [
+    {"cpu": 100, "memory": 128 * 2**20},
+    {"cpu": 250, "memory": 256 * 2**20},
+    {"cpu": 500, "memory": GIB},
+    {"cpu": 1000, "memory": 2 * GIB},
+    {"cpu": 2000, "memory": 4 * GIB},
+    {"cpu": 200, "memory": 512 * 2**20},
+    {"cpu": 4000, "memory": 16 * GIB},
+    {"cpu": 1000, "memory": GIB, "nvidia.com/gpu": 1},
+]
+SERVED = [
+    api.ApiResource(group="apps", version="v1", kind=kind)
+    for kind in ("Deployment", "DaemonSet", "StatefulSet", "ReplicaSet")
+] + [api.ApiResource(group="", version="v1", kind=kind) for kind in ("Pod", "ConfigMap")]
+
+
+def make_fleet(size: int, rng: random.Random) -> tuple[list[api.Cluster], capacity.Snapshot]:
+    clusters = []
+    records = {}
+    for i in range(size):
+        name = f"cluster-{i:04d}"
+        region = REGIONS[i % len(REGIONS)]
+        roll = rng.random()
+        taints = (
+            [api.Taint(key="dedicated", value="batch", effect=api.TaintEffect.NO_SCHEDULE)]
+            if roll < 0.1
+            else []
+        )
+        ready = api.ConditionStatus.FALSE if 0.1 <= roll < 0.12 else api.ConditionStatus.TRUE
+        clusters.append(
+            api.Cluster(
+                metadata=api.ObjectMeta(
+                    name=name,
+                    labels={"region": region, "zone": f"{region}-{i % 3}", "tier": "gold"},
+                ),
+                spec=api.ClusterSpec(
+                    taints=taints,
+                    unschedulable=0.12 <= roll < 0.15,
+                    evict_after=NOW - timedelta(minutes=1) if 0.15 <= roll < 0.16 else None,
+                ),
+                status=api.ClusterStatus(
+                    conditions=[api.Condition(type="Ready", status=ready)],
+                    api_resources=SERVED,
+                    placements=rng.randrange(0, 500),
+                ),
+            )
+        )
+        nodes = []
+        for n in range(10):
+            allocatable = {"cpu": 16000, "memory": 64 * GIB, "pods": 110}
+            if n < 2 and i % 4 == 0:
+                allocatable["nvidia.com/gpu"] = 4
+            used = rng.random() * 0.8
+            free = {r: int(v * (1 - used)) for r, v in allocatable.items()}
+            nodes.append(
+                capacity.NodeCapacity(name=f"{name}-{n}", allocatable=allocatable, free=free)
+            )
+        total_alloc = capacity.add(*(n.allocatable for n in nodes))
+        total_free = capacity.add(*(n.free for n in nodes))
+        records[name] = capacity.ClusterCapacity(
+            cluster=name,
+            allocatable=total_alloc,
+            available=total_free,
+            nodes=nodes,
+            reserved={"cpu": rng.randrange(0, 4000)},
+            observed_at=NOW.timestamp(),
+        )
+    return clusters, capacity.Snapshot(clusters=records, taken_at=NOW.timestamp())
+
+
+POLICIES = [
+    api.PlacementPolicySpec.model_validate(spec)
+    for spec in [
+        {
+            "resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment"}],
+            "clusterSelector": {
+                "matchExpressions": [
+                    {
+                        "key": "region",
+                        "operator": "In",
+                        "values": ["us-east", "eu-west", "ap-south"],
+                    }
+                ]
+            },
+            "tolerations": [{"key": "dedicated", "value": "batch", "effect": "NoSchedule"}],
+        },
+        {
+            "resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment"}],
+            "clusterSelector": {"matchLabels": {"tier": "gold"}},
+            "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+            "maxClusters": 3,
+        },
+        {
+            "resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment"}],
+            "clusterSelector": {
+                "matchExpressions": [{"key": "region", "operator": "NotIn", "values": ["us-west"]}]
+            },
+            "tolerations": [{"key": "dedicated", "value": "batch", "effect": "NoSchedule"}],
+            "spread": {"labelKey": "region", "minGroups": 2, "maxGroups": 3},
+            "maxClusters": 6,
+        },
+    ]
+]
+
+
+def make_object(
+    i: int, rng: random.Random, names: list[str]
+) -> tuple[ResourceAnalyzed, Any, list[ClusterPlacement]]:
+    roll = rng.random()
+    shape = SHAPES[rng.randrange(len(SHAPES) - 1)] if roll < 0.85 else SHAPES[-1]
+    if roll < 0.6:
+        kind, api_version, strategy = "Deployment", "apps/v1", Strategy.SPLIT
+        replicas: int | None = rng.randrange(1, 51)
+        policy: api.PlacementPolicySpec | None = POLICIES[i % len(POLICIES)]
+    elif roll < 0.75:
+        kind, api_version, strategy = "DaemonSet", "apps/v1", Strategy.COPY
+        replicas, policy = 1, None
+    else:
+        kind, api_version, strategy = "Pod", "v1", Strategy.ANY
+        replicas, policy = 1, None
+    previous = []
+    if rng.random() < 0.33 and names and strategy is not Strategy.COPY:
+        previous = [ClusterPlacement(cluster=rng.choice(names), replicas=replicas)]
+    obj = ResourceAnalyzed(
+        ref=ObjectRef(api_version=api_version, kind=kind, name=f"obj-{i}", namespace="bench"),
+        object={"metadata": {"name": f"obj-{i}", "namespace": "bench", "uid": f"uid-{i}"}},
+        strategy=strategy,
+        replicas=replicas,
+        requests=dict(shape),
+    )
+    return obj, policy, previous
+
+
+def measure(size: int, seconds: float, seed: int = 7) -> dict[str, Any]:
+    rng = random.Random(seed)
+    clusters, snapshot = make_fleet(size, rng)
+    started = time.perf_counter()
+    fleet = Fleet(clusters, snapshot)
+    fleet_build = time.perf_counter() - started
+    names = [c.metadata.name for c in clusters]
+    inputs = []
+    for i in range(300):
+        obj, policy, previous = make_object(i, rng, names)
+        inputs.append(
+            SchedulingInput(
+                analyzed=obj, policy=policy, fleet=fleet, now=NOW, previous=tuple(previous)
+            )
+        )
+    started = time.perf_counter()
+    core.schedule(inputs[0])
+    first = time.perf_counter() - started
+    started = time.perf_counter()
+    for inp in inputs[1:]:
+        core.schedule(inp)
+    first_pass = (len(inputs) - 1) / (time.perf_counter() - started)
+    durations = []
+    placed = unschedulable = 0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        for inp in inputs:
+            started = time.perf_counter()
+            decision = core.schedule(inp)
+            durations.append(time.perf_counter() - started)
+            placed += bool(decision.active)
+            unschedulable += not decision.schedulable
+    total = sum(durations)
+    durations.sort()
+    return {
+        "clusters": size,
+        "decisions": len(durations),
+        "decisions_per_s": round(len(durations) / total),
+        "mean_us": round(statistics.fmean(durations) * 1e6, 1),
+        "p50_us": round(durations[len(durations) // 2] * 1e6, 1),
+        "p99_us": round(durations[int(len(durations) * 0.99)] * 1e6, 1),
+        "first_decision_us": round(first * 1e6, 1),
+        "first_pass_decisions_per_s": round(first_pass),
+        "fleet_build_ms": round(fleet_build * 1e3, 1),
+        "placed_share": round(placed / len(durations), 3),
+        "unschedulable_share": round(unschedulable / len(durations), 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=2.0, help="per fleet size")
+    parser.add_argument("--clusters", type=int, action="append", help="fleet size(s)")
+    args = parser.parse_args()
+    sizes = args.clusters or [10, 100, 1000]
+    results = [measure(size, args.seconds) for size in sizes]
+    print(
+        json.dumps(
+            {
+                "benchmark": "scheduler core decisions/s (one core, pure, shared snapshot)",
+                "targets": {"100": 5000, "1000": 500},
+                "results": results,
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
