@@ -7,6 +7,8 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flotilla.common import capacity
 from flotilla.common.api import PlacementState, Strategy
@@ -17,6 +19,8 @@ from flotilla.scheduler.model import Code, Decision, Fleet
 from .builders import (
     NOW,
     ClusterBuilder,
+    PolicyBuilder,
+    fleet,
     make_cluster,
     make_configmap,
     make_daemonset,
@@ -337,3 +341,117 @@ def test_reasons_are_one_line_even_for_a_large_fleet() -> None:
     assert "\n" not in decision.reason
     assert decision.reason.endswith("and 32 more")
     assert sum(n or 0 for n in active(decision).values()) == 100
+
+
+# --- memoised filters give the same decisions as a fresh fleet ------------------------
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> list[ClusterBuilder]:
+    clusters = []
+    for i in range(draw(st.integers(min_value=1, max_value=7))):
+        cluster = make_cluster(f"c{i}").with_labels(
+            region=draw(st.sampled_from(["eu", "us", "ap"]))
+        )
+        cluster.with_room(draw(st.integers(1, 3)), cpu=str(draw(st.integers(0, 4))))
+        state = draw(st.sampled_from(["ok", "ok", "cordon", "notready", "drain", "drain-later"]))
+        if state == "cordon":
+            cluster.cordoned()
+        elif state == "notready":
+            cluster.not_ready()
+        elif state == "drain":
+            cluster.draining(NOW - timedelta(minutes=1))
+        elif state == "drain-later":
+            cluster.draining(NOW + timedelta(minutes=1))
+        taint = draw(st.sampled_from(["", "NoSchedule", "NoExecute"]))
+        if taint:
+            cluster.with_taint("dedicated", "batch", taint, added=NOW - timedelta(seconds=90))
+        if draw(st.booleans()):
+            cluster.serving(("apps/v1", "Deployment"), ("v1", "Pod"))
+        clusters.append(cluster)
+    return clusters
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> PolicyBuilder | None:
+    if draw(st.booleans()):
+        return None
+    policy = make_policy()
+    if draw(st.booleans()):
+        policy.selecting_expression(
+            "region", "In", *draw(st.sets(st.sampled_from(["eu", "us", "ap"]), min_size=1))
+        )
+    if draw(st.booleans()):
+        policy.tolerating(
+            "dedicated",
+            "batch",
+            effect=draw(st.sampled_from(["NoSchedule", "NoExecute"])),
+            seconds=None,
+        )
+    if draw(st.booleans()):
+        policy.tolerating("dedicated", effect="NoExecute", seconds=60)
+    if draw(st.booleans()):
+        policy.max_clusters(draw(st.integers(1, 4)))
+    if draw(st.booleans()):
+        policy.spread("region", min_groups=draw(st.integers(1, 2)))
+    return policy
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    clusters=fleets(),
+    policy=policies(),
+    kind=st.sampled_from(["deployment", "daemonset", "pod"]),
+    replicas=st.integers(0, 12),
+    held=st.lists(st.tuples(st.integers(0, 6), st.integers(1, 5)), max_size=3),
+    other_held=st.lists(st.tuples(st.integers(0, 6), st.integers(1, 5)), max_size=3),
+    pin=st.one_of(st.none(), st.integers(0, 6)),
+    avoid=st.sets(st.integers(0, 6), max_size=2),
+)
+def test_memoised_filters_decide_like_a_fresh_fleet(
+    clusters: list[ClusterBuilder],
+    policy: PolicyBuilder | None,
+    kind: str,
+    replicas: int,
+    held: list[tuple[int, int]],
+    other_held: list[tuple[int, int]],
+    pin: int | None,
+    avoid: set[int],
+) -> None:
+    if kind == "deployment":
+        obj = make_deployment(replicas=replicas).with_requests(cpu="500m")
+    elif kind == "daemonset":
+        obj = make_daemonset()
+    else:
+        obj = make_pod()
+    previous = placed(*{f"c{i}": n for i, n in held}.items())
+    dependencies = {"v1/PersistentVolumeClaim/default/data": [f"c{pin}"]} if pin is not None else {}
+    shared = fleet(*clusters)
+    # Warm the memos with another decision that holds different clusters.
+    schedule(
+        make_input(
+            obj,
+            shared,
+            policy=policy,
+            previous=placed(*{f"c{i}": n for i, n in other_held}.items()),
+        )
+    )
+    avoided = [f"c{i}" for i in avoid]
+    warm = schedule(
+        make_input(
+            obj, shared, policy=policy, previous=previous, dependencies=dependencies, avoid=avoided
+        )
+    )
+    cold = schedule(
+        make_input(
+            obj,
+            clusters,
+            policy=policy,
+            previous=previous,
+            dependencies=dependencies,
+            avoid=avoided,
+        )
+    )
+    assert warm == cold
+    assert warm.decision_id == cold.decision_id
+    assert list(warm.rejections) == list(cold.rejections)
