@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from flotilla.kubesim import errors, resources
+from flotilla.kubesim import schema as crd_schema
 from flotilla.kubesim.errors import ApiError
 from flotilla.kubesim.resources import ResourceType
 from flotilla.kubesim.selectors import labels_of, parse_field_selector, parse_label_selector
@@ -196,6 +197,7 @@ class Store:
         self._by_uid: dict[str, tuple[ResourceType, str, str]] = {}
         self._dependents: dict[str, set[str]] = {}
         self._service_ips = 0
+        self._schemas: dict[tuple[str, str, str], dict[str, Any]] = {}
         for name in DEFAULT_NAMESPACES:
             self.create(resources.NAMESPACE, {"metadata": {"name": name}})
 
@@ -391,6 +393,9 @@ class Store:
             self._check_crd_conflict(new)
         self._default(rt, new)
         _normalize(rt, new)
+        if rt.custom:
+            new = self._admitted(rt, new)
+            meta = new["metadata"]
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_rfc3339()
         meta["generation"] = 1
@@ -521,6 +526,12 @@ class Store:
                 self.registry.remove(rt)
         for rt in types_from_crd(crd):
             self.registry.add(rt)
+        for key in [k for k in self._schemas if k[:2] == (group, plural)]:
+            del self._schemas[key]
+        for version in spec["versions"]:
+            schema = (version.get("schema") or {}).get("openAPIV3Schema")
+            if isinstance(schema, dict):
+                self._schemas[(group, plural, version["name"])] = schema
         names = dict(spec["names"])
         names.setdefault("singular", names["kind"].lower())
         names.setdefault("listKind", f"{names['kind']}List")
@@ -560,6 +571,17 @@ class Store:
                     self._remove(custom[0], obj)
         for rt in custom:
             self.registry.remove(rt)
+        for key in [k for k in self._schemas if k[:2] == (group, plural)]:
+            del self._schemas[key]
+
+    def _admitted(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+        """A pruned, defaulted copy of a custom resource; 422 if its schema rejects it."""
+        schema = self._schemas.get((rt.group, rt.plural, rt.version))
+        if schema is None:
+            return obj
+        admitted: dict[str, Any] = clone(obj)
+        crd_schema.admit(admitted, schema, rt.kind, rt.group)
+        return admitted
 
     # -- update ------------------------------------------------------------------------
 
@@ -602,6 +624,8 @@ class Store:
             new["metadata"] = dict(cur_meta)
             if "managedFields" in meta_in:
                 new["metadata"]["managedFields"] = clone(meta_in["managedFields"])
+            if rt.custom:
+                new = self._admitted(rt, new)
         elif subresource is None:
             new = clone(obj)
             new["apiVersion"] = rt.api_version
@@ -621,6 +645,9 @@ class Store:
                     new.pop("status", None)
             self._validate(rt, new)
             _normalize(rt, new)
+            if rt.custom:
+                new = self._admitted(rt, new)
+                meta = new["metadata"]
             if rt == resources.CRD:
                 _validate_crd(new)
                 self._check_crd_conflict(new)
