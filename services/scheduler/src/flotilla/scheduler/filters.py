@@ -21,9 +21,8 @@ holds the object (it is in ``ctx.held``) keeps it through everything that only
 stops *new* work from arriving:
 
 ==================  ==============================  ================================
-filter              rejects new placements          rejects existing placements
+filter (run order)  rejects new placements          rejects existing placements
 ==================  ==============================  ================================
-reschedule          listed in ``avoid_clusters``    yes (that is the request's point)
 cluster-names       not in ``clusterNames``         yes (the policy changed)
 cluster-selector    labels do not match             yes (the policy changed)
 draining            ``evictAfter`` set at all       once ``evictAfter`` ≤ now
@@ -41,10 +40,11 @@ api-resources       GVK not served (an empty list   yes (the object cannot exist
                     means "not reported yet" and
                     passes: the syncer's apply
                     reports a real mismatch)
-dependencies        a pinned dependency is          yes (the object must follow it)
-                    elsewhere
 capacity            fit below what a new placement  no — its replicas are already
                     needs; no capacity record       counted there; split caps it
+dependencies        a pinned dependency is          yes (the object must follow it)
+                    elsewhere
+reschedule          listed in ``avoid_clusters``    yes (that is the request's point)
 ==================  ==============================  ================================
 
 ``tolerationSeconds`` follows core/v1: among matching tolerations the smallest

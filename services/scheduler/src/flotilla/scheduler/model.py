@@ -27,9 +27,11 @@ parses untrusted data.
 Memoisation inside `Fleet` (selector results, fits per request shape) does not make
 the core impure: the cached values are functions of the snapshot alone.
 
-The capacity models are imported for type checking only. ``flotilla.common.capacity``
-also holds the Redis adapter, and the pure core must not pull ``redis`` into its
-import graph; at run time the core only calls methods on the records it is given.
+Capacity records are typed by the protocols `CapacityRecord` and `CapacitySnapshot`,
+which ``flotilla.common.capacity.ClusterCapacity`` / ``Snapshot`` satisfy, instead of
+importing that module: it also holds the Redis adapter, and the pure core must not
+have ``redis`` in its import graph (the import-linter contract follows imports under
+``TYPE_CHECKING`` too).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import json
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from flotilla.common import api, labels
 from flotilla.common.api import GroupVersionKind, PlacementState, Strategy
@@ -52,8 +54,44 @@ from flotilla.common.events import (
     ResourceAnalyzed,
 )
 
-if TYPE_CHECKING:
-    from flotilla.common.capacity import ClusterCapacity, Snapshot
+
+class NodeRecord(Protocol):
+    """One node of a capacity record (``flotilla.common.capacity.NodeCapacity``)."""
+
+    @property
+    def free(self) -> Mapping[str, int]: ...
+
+
+class CapacityRecord(Protocol):
+    """What the core reads of ``flotilla.common.capacity.ClusterCapacity``."""
+
+    @property
+    def allocatable(self) -> Mapping[str, int]: ...
+
+    @property
+    def available(self) -> Mapping[str, int]: ...
+
+    @property
+    def reserved(self) -> Mapping[str, int]: ...
+
+    @property
+    def nodes(self) -> Sequence[NodeRecord]: ...
+
+    @property
+    def headroom(self) -> Mapping[str, int]:
+        """``available`` minus live reservations."""
+
+    def fit_replicas(self, per_replica: dict[str, int]) -> int:
+        """How many more pods of this shape fit (node-level, minus reservations)."""
+
+    def model_dump_json(self) -> str: ...
+
+
+class CapacitySnapshot(Protocol):
+    """What the core reads of ``flotilla.common.capacity.Snapshot``."""
+
+    def get(self, cluster: str) -> CapacityRecord | None: ...
+
 
 PODS = "pods"
 """Every pod uses one pod slot (mirrors ``flotilla.common.capacity.PODS``)."""
@@ -181,14 +219,14 @@ class ClusterView:
     """Why the cluster is not Ready (empty when it is)."""
     api_resources: frozenset[GroupVersionKind]
     """Empty when the cluster has not reported its API resources yet."""
-    capacity: ClusterCapacity | None
+    capacity: CapacityRecord | None
     placements: int
     """Objects placed on the cluster (``status.placements``); the balance score reads it."""
     name_hash: int
     """64 bits of blake2b over the name; `Context.tiebreak` mixes in the object's uid."""
 
     @classmethod
-    def of(cls, cluster: api.Cluster, record: ClusterCapacity | None) -> ClusterView:
+    def of(cls, cluster: api.Cluster, record: CapacityRecord | None) -> ClusterView:
         ready = cluster.status.condition(api.ClusterConditionType.READY)
         if ready is None:
             not_ready = "no Ready condition reported yet"
@@ -223,7 +261,7 @@ def _count(free: Mapping[str, int], shape: Mapping[str, int]) -> int:
     return min(counts, default=UNBOUNDED)
 
 
-def whole_sets(record: ClusterCapacity, components: Sequence[Component]) -> int:
+def whole_sets(record: CapacityRecord, components: Sequence[Component]) -> int:
     """How many complete sets of ``components`` fit on one cluster (0 when none does).
 
     Sets are packed onto the nodes' free capacity one after another, each pod
@@ -267,7 +305,7 @@ class Fleet:
     whatever order the clusters arrived in.
     """
 
-    def __init__(self, clusters: Iterable[api.Cluster], snapshot: Snapshot) -> None:
+    def __init__(self, clusters: Iterable[api.Cluster], snapshot: CapacitySnapshot) -> None:
         by_name: dict[str, api.Cluster] = {}
         for cluster in clusters:
             name = cluster.metadata.name
@@ -366,7 +404,7 @@ class SchedulingInput:
         *,
         policy: api.PlacementPolicySpec | None,
         clusters: Iterable[api.Cluster],
-        snapshot: Snapshot,
+        snapshot: CapacitySnapshot,
         previous: Iterable[ClusterPlacement] = (),
         dependency_placements: Mapping[str, Sequence[str]] | None = None,
         now: datetime,
