@@ -720,3 +720,19 @@ async def test_a_bound_pod_reports_containers_creating_until_ready(
         "waiting": {"reason": "ContainerCreating"}
     }
     assert pod["status"]["hostIP"]
+
+
+async def test_orphaned_pods_keep_running_without_their_replicaset(cluster: Cluster) -> None:
+    cluster.create(deployment(replicas=2))
+    await eventually(lambda: len(cluster.pods("Running")) == 2)
+    (replicaset,) = cluster.store.list(cluster.rt("ReplicaSet"), "default")[0]
+
+    cluster.store.delete(cluster.rt("Deployment"), "default", "web", propagation="Orphan")
+    cluster.store.delete(
+        cluster.rt("ReplicaSet"), "default", replicaset["metadata"]["name"], propagation="Orphan"
+    )
+
+    assert len(cluster.pods("Running")) == 2
+    assert all("ownerReferences" not in p["metadata"] for p in cluster.pods())
+    assert all(r.owner_uid is None for r in cluster.sim.state.pods.values())
+    assert cluster.sim.state.pods_by_owner == {}

@@ -71,15 +71,14 @@ class Simulator:
         self.janitor_queue: WorkQueue[Key] = WorkQueue()
         self.timers: TimerHeap[Timer] = TimerHeap()
         self._node_prefix = nodes.node_name_prefix(cluster_name)
-        self._shape = nodes.NodeShape(
+        self.default_shape = nodes.NodeShape(
             cpu=options.node_cpu,
             memory=options.node_memory,
             pods=options.node_pods,
             gpus=options.node_gpus,
             labels=dict(options.node_labels),
         )
-        self._shape.capacity()  # fail fast on a bad quantity flag
-        self.default_shape = self._shape
+        self.default_shape.capacity()  # fail fast on a bad quantity flag
         self._node_index = 0
         self._pod_ips = 0
         self._created = 0
@@ -91,21 +90,17 @@ class Simulator:
 
     async def start(self) -> None:
         """Register listeners, load existing objects, create nodes, start the loops."""
-        self._unsubscribe.append(self.store.add_listener(self.types["Node"], self._on_node))
-        self._unsubscribe.append(self.store.add_listener(self.types["Pod"], self._on_pod))
-        for kind in self.controllers:
-            self._unsubscribe.append(
-                self.store.add_listener(self.types[kind], self._workload_listener(kind))
-            )
-        for kind in ("Node", "Pod", *self.controllers):
+        listeners: dict[str, Callable[[StoreEvent], None]] = {
+            "Node": self._on_node,
+            "Pod": self._on_pod,
+            **{kind: self._workload_listener(kind) for kind in self.controllers},
+        }
+        for kind, listener in listeners.items():
+            self._unsubscribe.append(self.store.add_listener(self.types[kind], listener))
+            # Objects that existed before the simulator: seen as if just added.
             items, rv = self.store.list(self.types[kind])
-            handler = {"Node": self._on_node, "Pod": self._on_pod}.get(kind)
             for item in items:
-                event = StoreEvent("ADDED", item, rv)
-                if handler is not None:
-                    handler(event)
-                else:
-                    self._workload_listener(kind)(event)
+                listener(StoreEvent("ADDED", item, rv))
         existing = len(self.state.nodes)
         self._node_index = existing
         if self.options.nodes > existing:
@@ -272,6 +267,12 @@ class Simulator:
             changed = True
         else:
             changed = False
+            ref = controller_ref(obj)
+            if (ref.get("uid") if ref else None) != record.owner_uid:
+                # Orphaned (or adopted): the old owner must recount too.
+                self._enqueue_owner(record)
+                self.state.set_owner(record, ref)
+                changed = True
             if record.node_name is None and not spec.get("nodeName"):
                 parsed = self._parse_scheduling(spec)
                 if parsed != record.scheduling:
@@ -483,7 +484,7 @@ class Simulator:
         self, count: int, shape: nodes.NodeShape | None = None, names: list[str] | None = None
     ) -> list[str]:
         """Create `count` nodes (or the named ones) with their Leases."""
-        shape = shape or self._shape
+        shape = shape or self.default_shape
         shape.capacity()
         wanted = list(names or [])
         created: list[str] = []

@@ -153,18 +153,30 @@ class ClusterState:
         if record.owner_uid:
             self.pods_by_owner.setdefault(record.owner_uid, set()).add(record.key)
 
+    def set_owner(self, record: PodRecord, ref: dict[str, Any] | None) -> None:
+        """Re-index a pod whose controller ownerReference changed."""
+        self._unindex_owner(record)
+        record.owner_kind = ref.get("kind") if ref else None
+        record.owner_name = ref.get("name") if ref else None
+        record.owner_uid = ref.get("uid") if ref else None
+        if record.owner_uid:
+            self.pods_by_owner.setdefault(record.owner_uid, set()).add(record.key)
+
+    def _unindex_owner(self, record: PodRecord) -> None:
+        if record.owner_uid:
+            owned = self.pods_by_owner.get(record.owner_uid)
+            if owned is not None:
+                owned.discard(record.key)
+                if not owned:
+                    del self.pods_by_owner[record.owner_uid]
+
     def remove_pod(self, key: Key) -> PodRecord | None:
         record = self.pods.pop(key, None)
         if record is None:
             return None
         self.release(record)
         self.unschedulable.discard(key)
-        if record.owner_uid:
-            owned = self.pods_by_owner.get(record.owner_uid)
-            if owned is not None:
-                owned.discard(key)
-                if not owned:
-                    del self.pods_by_owner[record.owner_uid]
+        self._unindex_owner(record)
         return record
 
     # -- node accounting -------------------------------------------------------------
