@@ -14,7 +14,7 @@ from flotilla.common import capacity
 from flotilla.common.api import PlacementState, Strategy
 from flotilla.common.events import ClusterPlacement, PlacementDecided
 from flotilla.scheduler.core import schedule
-from flotilla.scheduler.model import Code, Decision, Fleet
+from flotilla.scheduler.model import Code, Decision, Fleet, SchedulingInput
 
 from .builders import (
     NOW,
@@ -242,11 +242,14 @@ def test_annotation_overrides_the_policy() -> None:
     assert len(decision.active) == 1
 
 
-def test_unknown_strategy_annotation_is_unschedulable_with_a_reason() -> None:
+def test_unknown_strategy_annotation_keeps_the_placement_and_says_why() -> None:
     obj = make_deployment().with_annotation("flotilla.io/strategy", "spread-thin")
-    decision = schedule(make_input(obj, three_equal()))
+    decision = schedule(make_input(obj, three_equal(), previous=placed(("eu-west", 3))))
     assert not decision.schedulable
-    assert "unknown strategy 'spread-thin'" in decision.reason
+    assert active(decision) == {"eu-west": 3}
+    assert retiring(decision) == {}
+    assert decision.reason.startswith("annotation flotilla.io/strategy: unknown strategy")
+    assert decision.reason.endswith("; placement left unchanged")
 
 
 def test_as_needed_is_never_placed_by_itself() -> None:
@@ -455,3 +458,23 @@ def test_memoised_filters_decide_like_a_fresh_fleet(
     assert warm == cold
     assert warm.decision_id == cold.decision_id
     assert list(warm.rejections) == list(cold.rejections)
+
+
+def test_input_with_its_own_fleet_decides_like_a_shared_one() -> None:
+    clusters = three_equal()
+    shared = make_input(make_deployment(replicas=5), clusters)
+    own = SchedulingInput.of(
+        shared.analyzed,
+        policy=None,
+        clusters=[c.build() for c in reversed(clusters)],
+        snapshot=shared.fleet.snapshot,
+        now=NOW,
+    )
+    assert schedule(own) == schedule(shared)
+
+
+def test_naive_now_is_taken_as_utc() -> None:
+    clusters = [make_cluster("a").draining(NOW + timedelta(minutes=1)), make_cluster("b")]
+    inp = make_input(make_pod(), clusters, previous=placed(("a", 1)))
+    naive = dataclasses.replace(inp, now=NOW.replace(tzinfo=None) + timedelta(minutes=2))
+    assert active(schedule(naive)) == {"b": 1}

@@ -14,6 +14,8 @@ Steps (after Karmada's ``generic_scheduler``):
 1. **strategy** — the object's ``flotilla.io/strategy`` annotation wins, then the
    policy's ``strategy``, then the interpreter's default carried by the event;
 2. **filter** — every registered filter (`flotilla.scheduler.filters`) in order;
+   verdicts that depend only on the fleet and the policy are memoised per snapshot
+   (`run_filters`);
 3. **score** — rank what is left (`flotilla.scheduler.scores`);
 4. **select and assign** — the strategy (`flotilla.scheduler.strategies`);
 5. **retire** — clusters that held the object and are not chosen any more stay in
@@ -167,7 +169,11 @@ def schedule(inp: SchedulingInput) -> Decision:
     try:
         strategy = effective_strategy(inp)
     except ValueError as error:
-        return _finish(inp, analyzed.strategy, [], str(error), {}, schedulable=False)
+        # A typo in the annotation must not evict a running object: keep it where it
+        # is and say why nothing was decided.
+        kept = [(p.cluster, p.replicas) for p in inp.previous if p.state is PlacementState.ACTIVE]
+        reason = f"{error}; placement left unchanged"
+        return _finish(inp, analyzed.strategy, kept, reason, {}, schedulable=False)
     if analyzed.deleted:
         return _finish(
             inp, strategy, [], "object deleted; removed from every cluster", {}, deleted=True

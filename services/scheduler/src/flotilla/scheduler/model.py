@@ -24,8 +24,9 @@ on the hot path (thousands of decisions per second over a thousand clusters), th
 inputs were validated by pydantic where they entered the process, and nothing here
 parses untrusted data.
 
-Memoisation inside `Fleet` (selector results, fits per request shape) does not make
-the core impure: the cached values are functions of the snapshot alone.
+Memoisation inside `Fleet` (selector matches, fits per request shape, placement
+entries, the core's filter verdicts per policy and shape) does not make the core
+impure: every cached value is a function of the snapshot and its key alone.
 
 Capacity records are typed by the protocols `CapacityRecord` and `CapacitySnapshot`,
 which ``flotilla.common.capacity.ClusterCapacity`` / ``Snapshot`` satisfy, instead of
@@ -302,7 +303,10 @@ class Fleet:
     """The clusters plus one capacity snapshot, prepared for many decisions.
 
     Views are ordered by cluster name, so every loop over the fleet is deterministic
-    whatever order the clusters arrived in.
+    whatever order the clusters arrived in. A fleet lives as long as its snapshot:
+    its memos grow with the distinct policies and request shapes decided against it
+    and are dropped with it when the next snapshot replaces it. It is not safe to
+    share between threads (the scheduler service is one asyncio loop).
     """
 
     def __init__(self, clusters: Iterable[api.Cluster], snapshot: CapacitySnapshot) -> None:

@@ -319,7 +319,7 @@ def whole(ctx: Context, ranked: Sequence[ClusterView]) -> Assignment:
     if chosen is None:
         return Assignment([], selection.problem, selection.rejections, schedulable=False)
     sets = ctx.capacity_of(chosen.name)
-    if sets is None:
+    if sets is None or chosen.name in ctx.held:
         room = ""
     else:
         at_least = "at least " if sets >= MAX_SETS_ESTIMATE else ""
