@@ -26,7 +26,11 @@ continued from the replicas each chosen cluster already runs:
 * ties go to the better-ranked cluster (see `flotilla.scheduler.scores`).
 
 The loop is a heap, O(replicas · log clusters); objects with tens of thousands of
-replicas are rare enough that no bulk divisor search is worth its complexity.
+replicas are rare enough that no bulk divisor search is worth its complexity. It is
+hand-written because the PyPI apportionment packages (``apportionment``,
+``apportionpy``; last released 2021-2022) apportion from scratch only: none caps a
+party's seats or continues from a current allocation, which is what monotonic
+scaling needs.
 
 ``any`` places the whole object on one cluster — the current one while it stays
 eligible (the stability score ranks it first). A multi-component object goes,
