@@ -59,16 +59,18 @@ def _rt(
     *,
     namespaced: bool = True,
     status: bool = False,
+    scale: bool = False,
     short: tuple[str, ...] = (),
 ) -> ResourceType:
     group, _, version = api_version.rpartition("/")
+    subresources = (_STATUS if status else frozenset()) | ({"scale"} if scale else frozenset())
     return ResourceType(
         group=group,
         version=version,
         kind=kind,
         plural=plural,
         namespaced=namespaced,
-        subresources=_STATUS if status else frozenset(),
+        subresources=frozenset(subresources),
         short_names=short,
     )
 
@@ -84,9 +86,9 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
     _rt("v1", "PersistentVolumeClaim", "persistentvolumeclaims", status=True, short=("pvc",)),
     _rt("v1", "Event", "events", short=("ev",)),
     _rt("events.k8s.io/v1", "Event", "events", short=("ev",)),
-    _rt("apps/v1", "Deployment", "deployments", status=True, short=("deploy",)),
-    _rt("apps/v1", "ReplicaSet", "replicasets", status=True, short=("rs",)),
-    _rt("apps/v1", "StatefulSet", "statefulsets", status=True, short=("sts",)),
+    _rt("apps/v1", "Deployment", "deployments", status=True, scale=True, short=("deploy",)),
+    _rt("apps/v1", "ReplicaSet", "replicasets", status=True, scale=True, short=("rs",)),
+    _rt("apps/v1", "StatefulSet", "statefulsets", status=True, scale=True, short=("sts",)),
     _rt("apps/v1", "DaemonSet", "daemonsets", status=True, short=("ds",)),
     _rt("batch/v1", "Job", "jobs", status=True),
     _rt("batch/v1", "CronJob", "cronjobs", status=True, short=("cj",)),

@@ -33,7 +33,11 @@ from flotilla.kubesim import apply as ssa
 from flotilla.kubesim import patch as patches
 from flotilla.kubesim.errors import ApiError, bad_request, reason_for
 from flotilla.kubesim.resources import ResourceType
-from flotilla.kubesim.selectors import parse_field_selector, parse_label_selector
+from flotilla.kubesim.selectors import (
+    parse_field_selector,
+    parse_label_selector,
+    selector_from_label_selector,
+)
 from flotilla.kubesim.store import Store, now_rfc3339
 from flotilla.kubesim.watch import Watcher, WatchHub, encode_event, encode_record
 
@@ -142,6 +146,24 @@ def _decode_continue(token: str) -> tuple[int, tuple[str, str]]:
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
     meta = obj["metadata"]
     return (meta.get("namespace") or "", meta["name"])
+
+
+def _get_path(obj: Any, path: str) -> Any:
+    """The value at a `.spec.replicas`-style path, or None."""
+    current = obj
+    for part in (p for p in path.split(".") if p):
+        if not isinstance(current, dict):
+            return None
+        current = current.get(part)
+    return current
+
+
+def _set_path(obj: dict[str, Any], path: str, value: Any) -> None:
+    parts = [p for p in path.split(".") if p]
+    current = obj
+    for part in parts[:-1]:
+        current = current.setdefault(part, {})
+    current[parts[-1]] = value
 
 
 def default_field_manager(request: web.Request) -> str:
@@ -488,7 +510,7 @@ class KubeSim:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         name = rest[1] if len(rest) > 1 else None
         subresource = rest[2] if len(rest) > 2 else None
-        if subresource is not None and subresource not in rt.subresources - {"scale"}:
+        if subresource is not None and subresource not in rt.subresources:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         query = request.query
         if query.get("dryRun"):
@@ -510,6 +532,8 @@ class KubeSim:
                 rel_url=request.rel_url.update_query({"fieldSelector": f"metadata.name={name}"})
             )
             return await self._watch(request, rt, namespace)
+        elif subresource == "scale" and method in ("GET", "PUT", "PATCH"):
+            return await self._scale(request, rt, namespace, name)
         elif method == "GET":
             return _json(_versioned(rt, self.store.get_frozen(rt, namespace, name)))
         elif method == "PUT":
@@ -573,6 +597,18 @@ class KubeSim:
                         "singularName": "",
                         "namespaced": rt.namespaced,
                         "kind": rt.kind,
+                        "verbs": ["get", "patch", "update"],
+                    }
+                )
+            if "scale" in rt.subresources:
+                entries.append(
+                    {
+                        "name": f"{rt.plural}/scale",
+                        "singularName": "",
+                        "namespaced": rt.namespaced,
+                        "group": "autoscaling",
+                        "version": "v1",
+                        "kind": "Scale",
                         "verbs": ["get", "patch", "update"],
                     }
                 )
@@ -847,6 +883,70 @@ class KubeSim:
         if live is None:
             return _json(self.store.create(rt, result), 201)
         return _json(self.store.update(rt, result, subresource=subresource))
+
+    # -- scale -----------------------------------------------------------------------------
+
+    def _scale_of(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+        """The autoscaling/v1 Scale view of a scalable object."""
+        paths = self.store.scale_paths(rt)
+        meta = obj["metadata"]
+        selector = ""
+        if rt.custom:
+            found = _get_path(obj, paths.get("labelSelectorPath", ""))
+            selector = found if isinstance(found, str) else ""
+        else:
+            selector = selector_from_label_selector((obj.get("spec") or {}).get("selector"))
+        return {
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": {
+                key: meta[key]
+                for key in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                if key in meta
+            },
+            "spec": {"replicas": _get_path(obj, paths.get("specReplicasPath", "")) or 0},
+            "status": {
+                "replicas": _get_path(obj, paths.get("statusReplicasPath", "")) or 0,
+                "selector": selector,
+            },
+        }
+
+    async def _scale(
+        self, request: web.Request, rt: ResourceType, namespace: str | None, name: str
+    ) -> web.Response:
+        current = self.store.get_frozen(rt, namespace, name)
+        scale = self._scale_of(rt, current)
+        if request.method == "GET":
+            return _json(scale)
+        content_type = self._content_type(request)
+        body = self._decode(await self._read_body(request), content_type)
+        if request.method == "PUT":
+            if content_type not in _JSON_TYPES and content_type not in _YAML_TYPES:
+                raise ApiError(415, "UnsupportedMediaType", f"unsupported {content_type!r}")
+            wanted = body
+        elif content_type == patches.MERGE_PATCH and isinstance(body, dict):
+            wanted = patches.merge_patch(scale, body)
+        elif content_type == patches.STRATEGIC_PATCH and isinstance(body, dict):
+            wanted = patches.strategic_merge_patch(scale, body)
+        elif content_type == patches.JSON_PATCH:
+            wanted = patches.json_patch(scale, body)
+        else:
+            raise ApiError(415, "UnsupportedMediaType", f"unsupported patch {content_type!r}")
+        replicas = (wanted.get("spec") or {}).get("replicas") if isinstance(wanted, dict) else None
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise ApiError(
+                422, "Invalid", "spec.replicas: Invalid value: must be a non-negative integer"
+            )
+        path = self.store.scale_paths(rt).get("specReplicasPath", "")
+        if not path:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        new = json.loads(json.dumps(current))
+        _set_path(new, path, replicas)
+        want_rv = (wanted.get("metadata") or {}).get("resourceVersion")
+        if want_rv:
+            new["metadata"]["resourceVersion"] = want_rv
+        self._track(request, rt, current, new, None)
+        return _json(self._scale_of(rt, self.store.update(rt, new)))
 
     # -- deletes ---------------------------------------------------------------------------
 

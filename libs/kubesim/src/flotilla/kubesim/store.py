@@ -198,6 +198,7 @@ class Store:
         self._dependents: dict[str, set[str]] = {}
         self._service_ips = 0
         self._schemas: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._scales: dict[tuple[str, str, str], dict[str, Any]] = {}
         for name in DEFAULT_NAMESPACES:
             self.create(resources.NAMESPACE, {"metadata": {"name": name}})
 
@@ -526,12 +527,16 @@ class Store:
                 self.registry.remove(rt)
         for rt in types_from_crd(crd):
             self.registry.add(rt)
-        for key in [k for k in self._schemas if k[:2] == (group, plural)]:
-            del self._schemas[key]
+        for table in (self._schemas, self._scales):
+            for key in [k for k in table if k[:2] == (group, plural)]:
+                del table[key]
         for version in spec["versions"]:
             schema = (version.get("schema") or {}).get("openAPIV3Schema")
             if isinstance(schema, dict):
                 self._schemas[(group, plural, version["name"])] = schema
+            scale = (version.get("subresources") or {}).get("scale")
+            if isinstance(scale, dict):
+                self._scales[(group, plural, version["name"])] = scale
         names = dict(spec["names"])
         names.setdefault("singular", names["kind"].lower())
         names.setdefault("listKind", f"{names['kind']}List")
@@ -571,8 +576,15 @@ class Store:
                     self._remove(custom[0], obj)
         for rt in custom:
             self.registry.remove(rt)
-        for key in [k for k in self._schemas if k[:2] == (group, plural)]:
-            del self._schemas[key]
+        for table in (self._schemas, self._scales):
+            for key in [k for k in table if k[:2] == (group, plural)]:
+                del table[key]
+
+    def scale_paths(self, rt: ResourceType) -> dict[str, Any]:
+        """Where a type with a `scale` subresource keeps replicas (CRD `subresources.scale`)."""
+        if not rt.custom:
+            return {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"}
+        return self._scales.get((rt.group, rt.plural, rt.version), {})
 
     def _admitted(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
         """A pruned, defaulted copy of a custom resource; 422 if its schema rejects it."""
