@@ -736,3 +736,41 @@ async def test_orphaned_pods_keep_running_without_their_replicaset(cluster: Clus
     assert all("ownerReferences" not in p["metadata"] for p in cluster.pods())
     assert all(r.owner_uid is None for r in cluster.sim.state.pods.values())
     assert cluster.sim.state.pods_by_owner == {}
+
+
+async def test_statefulset_claims_bound_volumes_per_ordinal(cluster: Cluster) -> None:
+    cluster.create(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "db", "namespace": "default"},
+            "spec": {
+                "replicas": 2,
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": {"app": "db"}},
+                "template": template("db"),
+                "volumeClaimTemplates": [
+                    {
+                        "metadata": {"name": "data"},
+                        "spec": {
+                            "accessModes": ["ReadWriteOnce"],
+                            "resources": {"requests": {"storage": "1Gi"}},
+                        },
+                    }
+                ],
+            },
+        }
+    )
+    await eventually(lambda: cluster.status("StatefulSet", "db").get("readyReplicas") == 2)
+
+    claims, _ = cluster.store.list(cluster.rt("PersistentVolumeClaim"), "default")
+    assert [c["metadata"]["name"] for c in claims] == ["data-db-0", "data-db-1"]
+    assert {c["status"]["phase"] for c in claims} == {"Bound"}
+    assert cluster.get("Pod", "db-1")["spec"]["volumes"] == [
+        {"name": "data", "persistentVolumeClaim": {"claimName": "data-db-1"}}
+    ]
+
+    cluster.store.delete(cluster.rt("StatefulSet"), "default", "db")
+
+    assert cluster.pods() == []
+    assert len(cluster.store.list(cluster.rt("PersistentVolumeClaim"), "default")[0]) == 2

@@ -496,6 +496,52 @@ class StatefulSetController:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.rt = ctx.types[self.kind]
+        self.pvc_rt = ctx.types["PersistentVolumeClaim"]
+
+    def _ensure_claims(self, sts: dict[str, Any], ordinal: int) -> dict[str, str]:
+        """Create the ordinal's PVCs from volumeClaimTemplates (Bound); volume -> claim."""
+        spec = sts.get("spec") or {}
+        namespace, name = sts["metadata"]["namespace"], sts["metadata"]["name"]
+        retention = spec.get("persistentVolumeClaimRetentionPolicy") or {}
+        claims: dict[str, str] = {}
+        for claim_template in spec.get("volumeClaimTemplates") or ():
+            volume = (claim_template.get("metadata") or {}).get("name")
+            if not volume:
+                continue
+            claim = f"{volume}-{name}-{ordinal}"
+            claims[volume] = claim
+            metadata: dict[str, Any] = {
+                "name": claim,
+                "namespace": namespace,
+                "labels": dict(((spec.get("selector") or {}).get("matchLabels")) or {}),
+            }
+            if retention.get("whenDeleted") == "Delete":
+                metadata["ownerReferences"] = [pods.owner_reference(sts)]
+            pvc = {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": metadata,
+                "spec": {
+                    **(claim_template.get("spec") or {}),
+                    "volumeName": f"pv-{namespace}-{claim}",
+                },
+                "status": {
+                    "phase": "Bound",
+                    "accessModes": list(
+                        (claim_template.get("spec") or {}).get("accessModes") or ["ReadWriteOnce"]
+                    ),
+                    "capacity": dict(
+                        ((claim_template.get("spec") or {}).get("resources") or {}).get("requests")
+                        or {}
+                    ),
+                },
+            }
+            try:
+                self.ctx.store.create(self.pvc_rt, pvc)
+            except ApiError as exc:
+                if exc.reason != "AlreadyExists":
+                    raise
+        return claims
 
     def reconcile(self, key: Key) -> None:
         sts = self.ctx.state.cache(self.kind).get(key)
@@ -558,6 +604,17 @@ class StatefulSetController:
                 overrides: dict[str, Any] = {"hostname": pod_name}
                 if spec.get("serviceName"):
                     overrides["subdomain"] = spec["serviceName"]
+                claims = self._ensure_claims(sts, ordinal)
+                if claims:
+                    volumes = [
+                        v
+                        for v in (template.get("spec") or {}).get("volumes") or []
+                        if v.get("name") not in claims
+                    ]
+                    overrides["volumes"] = volumes + [
+                        {"name": volume, "persistentVolumeClaim": {"claimName": claim}}
+                        for volume, claim in claims.items()
+                    ]
                 self.ctx.create_pod(
                     pods.pod_from_template(
                         template,

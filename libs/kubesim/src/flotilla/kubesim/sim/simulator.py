@@ -45,6 +45,7 @@ _TYPES = {
     "Node": "v1",
     "Pod": "v1",
     "Lease": "coordination.k8s.io/v1",
+    "PersistentVolumeClaim": "v1",
     "Deployment": "apps/v1",
     "ReplicaSet": "apps/v1",
     "StatefulSet": "apps/v1",
