@@ -224,7 +224,7 @@ class ClusterView:
     placements: int
     """Objects placed on the cluster (``status.placements``); the balance score reads it."""
     name_hash: int
-    """64 bits of blake2b over the name; `Context.tiebreak` mixes in the object's uid."""
+    """64 bits of blake2b over the name; `Context.tiebreaks` mixes in the object's uid."""
 
     @classmethod
     def of(cls, cluster: api.Cluster, record: CapacityRecord | None) -> ClusterView:
@@ -485,7 +485,7 @@ class Context:
     split_by: api.SplitBy
     weights: tuple[api.WeightRule, ...]
     seed: int
-    """`hash64` of the uid; `tiebreak` mixes it with each cluster's name hash."""
+    """`hash64` of the uid; `tiebreaks` mixes it with each cluster's name hash."""
     fits: Mapping[str, int]
     """Cluster → free fit for this object's shape (replicas, or whole component
     sets); clusters without a capacity record are absent. Empty when
@@ -500,23 +500,18 @@ class Context:
         return self.input.now
 
     def tiebreaks(self, views: Sequence[ClusterView]) -> list[int]:
-        """`tiebreak` of each view, in one pass."""
-        seed = self.seed
-        mixed = [((v.name_hash ^ seed) * _GOLDEN) & _MASK64 for v in views]
-        return [m ^ (m >> 29) for m in mixed]
-
-    def tiebreak(self, view: ClusterView) -> int:
-        """A per-(object, cluster) number that orders otherwise equal clusters.
+        """Per (object, cluster) numbers that order otherwise equal clusters.
 
         Not Python's ``hash()`` (randomised per process) nor ``random``: the order
         must be the same in every replica and every replay, yet differ between
         objects so that ties do not all land on the same cluster. Both hashes are
         blake2b, computed once (per cluster per fleet, per object per decision);
-        here they are only mixed by one multiply-xorshift, which costs a fraction
-        of a microsecond per cluster.
+        here they are only mixed by one multiply-xorshift, a fraction of a
+        microsecond per cluster.
         """
-        mixed = ((view.name_hash ^ self.seed) * _GOLDEN) & _MASK64
-        return mixed ^ (mixed >> 29)
+        seed = self.seed
+        mixed = [((v.name_hash ^ seed) * _GOLDEN) & _MASK64 for v in views]
+        return [m ^ (m >> 29) for m in mixed]
 
     def capacity_of(self, name: str) -> int | None:
         """Replicas (or component sets) the cluster can hold for this object.

@@ -15,7 +15,7 @@ gives remainder replicas to better-ranked clusters first.
 * ``balance`` (weight 1) — fewer objects already placed on the cluster
   (``status.placements``), relative to the busiest candidate.
 
-Ties are broken by ``Context.tiebreak`` (a stable hash of the object's uid and the
+Ties are broken by ``Context.tiebreaks`` (a stable hash of the object's uid and the
 cluster name), then by name: deterministic everywhere, yet different objects with equal
 scores do not all pile onto the same cluster.
 """
