@@ -9,6 +9,11 @@ loop; `flotilla-kubesim` runs one per process.
 Routing is a single catch-all handler that parses the path itself, because the
 served kinds change at runtime (CRDs) and aiohttp's router is frozen once the app
 starts.
+
+Deliberately absent (a request for them gets a 4xx Status, never a silent success):
+`dryRun`, pods' `binding`/`log`/`exec`, `/openapi`, aggregated discovery and Table
+output. `limit`/`continue` pages are read from live data (not from a snapshot at the
+first page's resourceVersion), which is enough for clients that list then watch.
 """
 
 from __future__ import annotations
