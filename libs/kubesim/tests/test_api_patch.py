@@ -312,3 +312,27 @@ async def test_apply_accepts_yaml_and_creates(hub: KubeSim) -> None:
             again = await resp.json()
     assert created["data"] == {"k": "v"}
     assert again["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+
+
+async def test_apply_to_the_status_subresource(client: Any) -> None:
+    apps = k8s.AppsV1Api(client)
+    await ssa(client, apply_body(2), "alice")
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "applied", "namespace": "default"},
+        "spec": {"replicas": 9},
+        "status": {"readyReplicas": 2, "replicas": 2},
+    }
+    result = await apps.patch_namespaced_deployment_status(
+        "applied",
+        "default",
+        body,
+        field_manager="aggregator",
+        _content_type="application/apply-patch+yaml",
+    )
+    assert result.status.ready_replicas == 2
+    assert result.spec.replicas == 2
+    entries = {(m.manager, m.subresource) for m in result.metadata.managed_fields}
+    assert ("aggregator", "status") in entries
+    assert ("alice", None) in entries
