@@ -8,6 +8,8 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -336,3 +338,26 @@ async def test_apply_to_the_status_subresource(client: Any) -> None:
     entries = {(m.manager, m.subresource) for m in result.metadata.managed_fields}
     assert ("aggregator", "status") in entries
     assert ("alice", None) in entries
+
+
+_KEYS = st.sampled_from(["a", "b", "c", "spec", "metadata"])
+_SCALARS = st.one_of(st.integers(), st.text(max_size=3), st.booleans())
+_MAPS = st.recursive(
+    st.dictionaries(_KEYS, _SCALARS, max_size=3),
+    lambda children: st.dictionaries(_KEYS, st.one_of(_SCALARS, children), max_size=3),
+    max_leaves=10,
+)
+_PATCHES = st.recursive(
+    st.dictionaries(_KEYS, st.one_of(_SCALARS, st.none()), max_size=3),
+    lambda children: st.dictionaries(_KEYS, st.one_of(_SCALARS, st.none(), children), max_size=3),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(target=_MAPS, patch=_PATCHES)
+def test_patch_properties(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    once = patches.merge_patch(target, patch)
+    assert patches.merge_patch(once, patch) == once  # idempotent
+    # Without lists or directives, a strategic merge patch is a JSON merge patch.
+    assert patches.strategic_merge_patch(target, patch) == once
