@@ -332,6 +332,7 @@ class Fleet:
         self._fits: dict[RequestsKey, dict[str, int]] = {}
         self._sets: dict[str, dict[str, int]] = {}
         self._placements: dict[tuple[str, int | None, PlacementState], ClusterPlacement] = {}
+        self._policies: dict[int, tuple[api.PlacementPolicySpec, str]] = {}
         self.memo: dict[Hashable, Any] = {}
         """Per-snapshot results other modules compute (the core's filter verdicts)."""
 
@@ -345,6 +346,22 @@ class Fleet:
             entry = ClusterPlacement(cluster=cluster, replicas=replicas, state=state)
             self._placements[key] = entry
         return entry
+
+    def policy_text(self, policy: api.PlacementPolicySpec | None) -> str | None:
+        """The policy as canonical JSON, for decision ids (memoised per policy object).
+
+        Keyed by identity and holding the policy itself, so an id is never reused
+        for another policy while the entry lives; policies are not mutated once
+        parsed (they come from validated hub objects).
+        """
+        if policy is None:
+            return None
+        entry = self._policies.get(id(policy))
+        if entry is None:
+            text = json.dumps(policy.model_dump(mode="json", by_alias=True), sort_keys=True)
+            entry = (policy, text)
+            self._policies[id(policy)] = entry
+        return entry[1]
 
     def selected_by(self, selector: api.LabelSelector) -> frozenset[str]:
         """Names of the clusters ``selector`` selects (memoised per selector)."""
@@ -451,7 +468,7 @@ class SchedulingInput:
         }
         parts: list[Any] = [
             obj,
-            self.policy.model_dump(mode="json", by_alias=True) if self.policy else None,
+            self.fleet.policy_text(self.policy),
             self.fleet.fingerprint,
             [[p.cluster, p.replicas, p.state.value] for p in self.previous],
             sorted((k, sorted(v)) for k, v in self.dependency_placements.items()),

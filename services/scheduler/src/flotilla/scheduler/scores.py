@@ -84,10 +84,15 @@ def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Sequence[float]
         min(fits.get(c.name, 0) + held.get(c.name, 0), UNBOUNDED) if held else fits.get(c.name, 0)
         for c in candidates
     ]
-    most = max((r for r in room if r < UNBOUNDED), default=0)
+    if not room:
+        return None
+    largest = max(room)
+    most = largest if largest < UNBOUNDED else max((r for r in room if r < UNBOUNDED), default=0)
     if most == 0:
         return None
     scale = MAX / most
+    if largest == most:
+        return [r * scale for r in room]
     return [min(r, most) * scale for r in room]
 
 
