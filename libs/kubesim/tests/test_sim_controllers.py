@@ -774,3 +774,17 @@ async def test_statefulset_claims_bound_volumes_per_ordinal(cluster: Cluster) ->
 
     assert cluster.pods() == []
     assert len(cluster.store.list(cluster.rt("PersistentVolumeClaim"), "default")[0]) == 2
+
+
+async def test_min_ready_seconds_delays_availability(cluster: Cluster) -> None:
+    patient = deployment(replicas=2)
+    patient["spec"]["minReadySeconds"] = 1
+    cluster.create(patient)
+
+    ready_at = time.monotonic()
+    await eventually(lambda: cluster.status("Deployment", "web").get("readyReplicas") == 2)
+    assert cluster.status("Deployment", "web").get("availableReplicas", 0) == 0
+
+    await eventually(lambda: cluster.status("Deployment", "web").get("availableReplicas") == 2)
+    assert time.monotonic() - ready_at >= 0.9
+    assert condition(cluster.get("Deployment", "web"), "Available")["status"] == "True"

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,8 @@ class Context:
     store: Store
     state: ClusterState
     types: dict[str, ResourceType]
+    # Look at (kind, key) again after a delay; the simulator wires this to its queues.
+    requeue: Callable[[str, Key, float], None] = lambda kind, key, delay: None
 
     def create_pod(self, pod: dict[str, Any]) -> None:
         self.store.create(self.types["Pod"], pod)
@@ -64,6 +67,32 @@ class Context:
         except ApiError as exc:
             if exc.code != 404:
                 raise
+
+
+def count_available(
+    ctx: Context, records: Iterable[PodRecord], min_ready_seconds: int, kind: str, key: Key
+) -> int:
+    """Pods ready for at least `minReadySeconds`; asks to be woken when the next one is."""
+    if min_ready_seconds <= 0:
+        return sum(1 for r in records if r.ready)
+    now = time.monotonic()
+    available = 0
+    wait: float | None = None
+    for record in records:
+        if not record.ready or record.ready_since is None:
+            continue
+        remaining = record.ready_since + min_ready_seconds - now
+        if remaining <= 0:
+            available += 1
+        else:
+            wait = remaining if wait is None else min(wait, remaining)
+    if wait is not None:
+        ctx.requeue(kind, key, wait)
+    return available
+
+
+def _min_ready(obj: dict[str, Any]) -> int:
+    return int((obj.get("spec") or {}).get("minReadySeconds") or 0)
 
 
 def set_condition(
@@ -188,11 +217,12 @@ class ReplicaSetController:
                     self.ctx.delete_pod(record)
             active = [p for p in self.ctx.state.owned_pods(uid) if p.active]
         ready = sum(1 for p in active if p.ready)
+        available = count_available(self.ctx, active, _min_ready(rs), self.kind, key)
         status: dict[str, Any] = {
             "replicas": len(active),
             "fullyLabeledReplicas": len(active),
             "readyReplicas": ready,
-            "availableReplicas": ready,
+            "availableReplicas": available,
             "observedGeneration": rs["metadata"].get("generation", 1),
         }
         write_status(self.ctx.store, self.rt, rs, status)
@@ -577,7 +607,7 @@ class StatefulSetController:
             "observedGeneration": sts["metadata"].get("generation", 1),
             "replicas": len(live),
             "readyReplicas": ready,
-            "availableReplicas": ready,
+            "availableReplicas": count_available(self.ctx, live, _min_ready(sts), self.kind, key),
             "currentReplicas": current,
             "updatedReplicas": updated,
             "currentRevision": current_revision,
@@ -717,6 +747,13 @@ class DaemonSetController:
         eligible_set = set(eligible)
         scheduled = [n for n in eligible if n in by_node]
         ready_nodes = [n for n in scheduled if any(r.ready for r in by_node[n])]
+        available = count_available(
+            self.ctx,
+            (next(r for r in by_node[n] if r.ready) for n in ready_nodes),
+            _min_ready(ds),
+            self.kind,
+            key,
+        )
         updated = [
             n
             for n in scheduled
@@ -728,10 +765,10 @@ class DaemonSetController:
             "currentNumberScheduled": len(scheduled),
             "numberMisscheduled": sum(1 for n in by_node if n not in eligible_set),
             "numberReady": len(ready_nodes),
-            "numberAvailable": len(ready_nodes),
+            "numberAvailable": available,
             "updatedNumberScheduled": len(updated),
         }
-        unavailable = len(eligible) - len(ready_nodes)
+        unavailable = len(eligible) - available
         if unavailable:
             status["numberUnavailable"] = unavailable
         write_status(self.ctx.store, self.rt, ds, status)

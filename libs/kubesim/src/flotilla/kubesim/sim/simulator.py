@@ -65,7 +65,12 @@ class Simulator:
         self.cluster_name = cluster_name
         self.state = ClusterState()
         self.types = {kind: store.resource_type(api, kind) for kind, api in _TYPES.items()}
-        self.ctx = controllers.Context(store, self.state, self.types)
+        self.ctx = controllers.Context(
+            store,
+            self.state,
+            self.types,
+            lambda kind, key, delay: self._retry(self.queues[kind], key, delay),
+        )
         self.controllers = {c.kind: c(self.ctx) for c in controllers.CONTROLLERS}
         self.queues: dict[str, WorkQueue[Key]] = {kind: WorkQueue() for kind in self.controllers}
         self.scheduler_queue: WorkQueue[Key] = WorkQueue()
@@ -284,6 +289,10 @@ class Simulator:
         record.node_name = spec.get("nodeName") or None
         record.phase = status.get("phase") or "Pending"
         record.ready = pod_is_ready(status)
+        if not record.ready:
+            record.ready_since = None
+        elif record.ready_since is None:
+            record.ready_since = time.monotonic()
         record.deleting = bool(meta.get("deletionTimestamp"))
         record.labels = dict(meta.get("labels") or {})
         changed = changed or before != (

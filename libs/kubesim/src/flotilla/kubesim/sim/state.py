@@ -56,6 +56,7 @@ class PodRecord:
     node_name: str | None = None
     phase: str = "Pending"
     ready: bool = False
+    ready_since: float | None = None  # monotonic time Ready last became True
     deleting: bool = False
     accounted_node: str | None = None
     unschedulable_message: str | None = None
