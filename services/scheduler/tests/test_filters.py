@@ -9,7 +9,7 @@ import pytest
 
 from flotilla.common.api import Taint, TaintEffect, Toleration, TolerationOperator
 from flotilla.common.events import ClusterPlacement
-from flotilla.scheduler import core, filters
+from flotilla.scheduler import core, filters, scores, strategies
 from flotilla.scheduler.model import Code, Registry
 
 from .builders import (
@@ -516,4 +516,8 @@ def test_registering_a_name_twice_is_an_error() -> None:
     with pytest.raises(ValueError, match="filter 'cordon' is already registered"):
         registry.add("cordon", 2)
     with pytest.raises(ValueError, match="already registered"):
-        filters.FILTERS.register("taints")(filters.taints)
+        filters.register("taints")(filters.taints)
+    with pytest.raises(ValueError, match="score 'stability' is already registered"):
+        scores.SCORES.add("stability", scores.SCORES["stability"])
+    with pytest.raises(ValueError, match="strategy 'split' is already registered"):
+        strategies.STRATEGIES.add("split", strategies.split)
