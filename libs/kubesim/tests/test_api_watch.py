@@ -13,6 +13,8 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from flotilla.kubesim import server
+from flotilla.kubesim import watch as watch_module
 from flotilla.kubesim.server import KubeSim
 
 
@@ -214,3 +216,38 @@ async def test_legacy_watch_path_for_one_object(hub: KubeSim, client: Any) -> No
         lines = (await resp.read()).splitlines()
     events = [json.loads(line) for line in lines]
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "mine")]
+
+
+async def test_watch_of_a_vanished_client_is_reaped(
+    hub: KubeSim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "_WATCH_POLL_SECONDS", 0.05)
+    headers = {"Authorization": f"Bearer {hub.token}"}
+    async with (
+        aiohttp.ClientSession(headers=headers) as session,
+        session.get(f"{hub.url}/api/v1/namespaces?watch=true") as resp,
+    ):
+        await resp.content.readline()
+        assert hub.stats()["watches"] == 1
+    for _ in range(250):  # bounded polling: up to 5 s
+        if hub.stats()["watches"] == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert hub.stats()["watches"] == 0
+
+
+async def test_a_watcher_too_far_behind_is_cut_off(
+    hub: KubeSim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watch_module, "MAX_BACKLOG", 5)
+    configmaps = hub.store.resource_type("v1", "ConfigMap")
+    headers = {"Authorization": f"Bearer {hub.token}"}
+    url = f"{hub.url}/api/v1/namespaces/default/configmaps?watch=true&resourceVersion=1"
+    async with (
+        aiohttp.ClientSession(headers=headers) as session,
+        session.get(url) as resp,
+    ):
+        for i in range(10):  # committed synchronously, before the writer can drain
+            hub.store.create(configmaps, {"metadata": {"name": f"c{i}", "namespace": "default"}})
+        body = await asyncio.wait_for(resp.content.read(), 5)
+    assert body == b""  # cut off; the client re-watches from its last resourceVersion
