@@ -413,7 +413,8 @@ class SchedulingInput:
     """The durable placement record as it stood before this decision."""
     dependency_placements: Mapping[str, Sequence[str]] = field(default_factory=dict)
     """Dependency key → clusters it is pinned to. An empty list pins nothing (the
-    dependency is ``as-needed`` and follows this object instead)."""
+    dependency is ``as-needed`` and follows this object instead). Keys appear in
+    rejection reasons as given; ``events.ObjectRef.key`` form reads best."""
     avoid_clusters: frozenset[str] = frozenset()
     """Clusters a ``RescheduleRequested`` asked to leave (failover); even existing
     placements there are moved."""
