@@ -14,10 +14,12 @@ The watchers run in a child process (this script with `--watch`), as clients wou
 they share neither the server's event loop nor its memory. They read raw NDJSON with
 aiohttp and pull `type` and `resourceVersion` out of each line without building the
 whole object, so the figure measures the server's delivery rather than client-side
-JSON decoding. Commit times come from a store record listener in this process;
-both processes read the same wall clock.
+JSON decoding (`--decode-json` decodes every event instead; then 20 clients sharing
+one core are the bottleneck). Commit times come from a store record listener in this
+process; both processes read the same wall clock.
 
-    .venv/bin/python bench/kubesim.py [--deployments 100 --replicas 100 --nodes 100 --watchers 20]
+    .venv/bin/python bench/kubesim.py [--deployments 100 --replicas 100 --nodes 100
+                                       --watchers 20 --decode-json]
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ async def _watch_one(
     started: asyncio.Event,
     stop_rv: list[int],
     received: list[tuple[int, float]],
+    decode: bool,
 ) -> None:
     """Stream pod events into `received` as (resourceVersion, wall time read)."""
     params = {"watch": "1", "resourceVersion": since, "timeoutSeconds": "900"}
@@ -90,6 +93,12 @@ async def _watch_one(
             buffer += chunk
             *lines, buffer = buffer.split(b"\n")
             for line in lines:
+                if decode:
+                    event = json.loads(line)
+                    if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                        version = event["object"]["metadata"]["resourceVersion"]
+                        received.append((int(version), now))
+                    continue
                 kind = _TYPE.match(line)
                 rv = _RV.search(line)
                 if kind is None or rv is None or kind.group(1) == b"BOOKMARK":
@@ -98,7 +107,7 @@ async def _watch_one(
 
 
 async def watch_main(
-    url: str, token: str, since: str, count: int, out: Path
+    url: str, token: str, since: str, count: int, out: Path, decode: bool
 ) -> list[list[tuple[int, float]]]:
     """Child process: `count` watchers, until the rv written to `out`.stop has arrived."""
     stop_file = out.with_suffix(".stop")
@@ -110,7 +119,7 @@ async def watch_main(
         started = [asyncio.Event() for _ in range(count)]
         results: list[list[tuple[int, float]]] = [[] for _ in range(count)]
         tasks = [
-            asyncio.create_task(_watch_one(s, url, since, started[i], stop_rv, results[i]))
+            asyncio.create_task(_watch_one(s, url, since, started[i], stop_rv, results[i], decode))
             for i in range(count)
         ]
         await asyncio.gather(*(e.wait() for e in started))
@@ -197,6 +206,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         str(list_rv),
         str(args.watchers),
         str(out),
+        "decode" if args.decode_json else "scan",
         stdout=asyncio.subprocess.PIPE,
     )
     assert child.stdout is not None
@@ -260,6 +270,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "nodes": args.nodes,
         "deployments": args.deployments,
         "watchers": args.watchers,
+        "watchersDecodeJson": args.decode_json,
         "podReadySeconds": args.pod_ready_seconds,
         "secondsToAllRunning": None if all_running is None else round(all_running, 2),
         "secondsToAllDeploymentsReady": None if all_ready is None else round(all_ready, 2),
@@ -280,8 +291,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--watch":
-        url, token, since, count, out = sys.argv[2:7]
-        receipts = asyncio.run(watch_main(url, token, since, int(count), Path(out)))
+        url, token, since, count, out, mode = sys.argv[2:8]
+        receipts = asyncio.run(
+            watch_main(url, token, since, int(count), Path(out), mode == "decode")
+        )
         Path(out).write_text(json.dumps(receipts))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -291,6 +304,11 @@ def main() -> None:
     parser.add_argument("--watchers", type=int, default=20)
     parser.add_argument("--pod-ready-seconds", type=float, default=1.0)
     parser.add_argument("--limit-seconds", type=float, default=300.0)
+    parser.add_argument(
+        "--decode-json",
+        action="store_true",
+        help="watchers json.loads every event (client-bound: all watchers share one core)",
+    )
     args = parser.parse_args()
     print(json.dumps(asyncio.run(bench(args))))
 
