@@ -788,3 +788,22 @@ async def test_min_ready_seconds_delays_availability(cluster: Cluster) -> None:
     await eventually(lambda: cluster.status("Deployment", "web").get("availableReplicas") == 2)
     assert time.monotonic() - ready_at >= 0.9
     assert condition(cluster.get("Deployment", "web"), "Available")["status"] == "True"
+
+
+async def test_stuck_rollout_exceeds_its_progress_deadline(cluster: Cluster) -> None:
+    stuck = deployment(replicas=2)
+    stuck["spec"]["progressDeadlineSeconds"] = 1
+    stuck["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "12"
+    cluster.create(stuck)
+
+    def progressing() -> dict[str, Any]:
+        conditions = cluster.status("Deployment", "web").get("conditions") or []
+        return next((c for c in conditions if c["type"] == "Progressing"), {})
+
+    await eventually(lambda: progressing().get("status") == "False")
+    assert progressing()["reason"] == "ProgressDeadlineExceeded"
+    assert condition(cluster.get("Deployment", "web"), "Available")["status"] == "False"
+
+    http.apply(cluster.sim, {"action": "add", "count": 2, "cpu": "16"})
+
+    await eventually(lambda: progressing().get("reason") == "NewReplicaSetAvailable")

@@ -19,6 +19,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from flotilla.kubesim.errors import ApiError
@@ -102,31 +103,45 @@ def set_condition(
     reason: str,
     message: str,
     *,
-    update_time: bool = False,
+    touch: bool = False,
 ) -> list[dict[str, Any]]:
-    """Conditions with `kind` set; timestamps only move when status or reason change."""
+    """Deployment-style conditions with `kind` set.
+
+    `lastTransitionTime` moves only when the status flips; `lastUpdateTime` when the
+    status or reason changes, or when `touch` says progress was made.
+    """
     now = now_rfc3339()
     out = [c for c in conditions if c.get("type") != kind]
     previous = next((c for c in conditions if c.get("type") == kind), None)
-    if previous and previous.get("status") == status and previous.get("reason") == reason:
+    same = previous and previous.get("status") == status and previous.get("reason") == reason
+    if previous and same:
         new = {**previous, "message": message}
+        if touch:
+            new["lastUpdateTime"] = now
     else:
-        changed_at = (
-            now
-            if previous is None or previous.get("status") != status
-            else (previous.get("lastTransitionTime") or now)
-        )
+        flipped = previous is None or previous.get("status") != status
         new = {
             "type": kind,
             "status": status,
             "reason": reason,
             "message": message,
-            "lastTransitionTime": changed_at,
+            "lastUpdateTime": now,
+            "lastTransitionTime": now
+            if flipped
+            else (previous or {}).get("lastTransitionTime", now),
         }
-        if update_time:
-            new["lastUpdateTime"] = now
     out.append(new)
     return sorted(out, key=lambda c: str(c.get("type")))
+
+
+def _seconds_since(stamp: str | None) -> float:
+    if not stamp:
+        return 0.0
+    try:
+        then = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return 0.0
+    return (datetime.now(UTC) - then).total_seconds()
 
 
 def write_status(
@@ -415,6 +430,39 @@ class DeploymentController:
                 if exc.code != 404:
                     raise
 
+    def _progressing(
+        self,
+        deployment: dict[str, Any],
+        conditions: list[dict[str, Any]],
+        name: str,
+        progressed: bool,
+    ) -> list[dict[str, Any]]:
+        """Progressing while pods move; False (ProgressDeadlineExceeded) once they stop."""
+        spec = deployment.get("spec") or {}
+        deadline = int(spec.get("progressDeadlineSeconds", 600))
+        current = next((c for c in conditions if c.get("type") == "Progressing"), None)
+        if current and current.get("reason") == "ProgressDeadlineExceeded" and not progressed:
+            return conditions
+        stalled_for = 0.0 if progressed else _seconds_since((current or {}).get("lastUpdateTime"))
+        if current and not spec.get("paused") and stalled_for >= deadline:
+            return set_condition(
+                conditions,
+                "Progressing",
+                "False",
+                "ProgressDeadlineExceeded",
+                f'ReplicaSet "{name}" has timed out progressing.',
+            )
+        meta = deployment["metadata"]
+        self.ctx.requeue(self.kind, (meta["namespace"], meta["name"]), deadline - stalled_for + 1)
+        return set_condition(
+            conditions,
+            "Progressing",
+            "True",
+            "ReplicaSetUpdated",
+            f'ReplicaSet "{name}" is progressing.',
+            touch=progressed,
+        )
+
     def _write_status(
         self,
         deployment: dict[str, Any],
@@ -448,7 +496,6 @@ class DeploymentController:
                 "True",
                 "MinimumReplicasAvailable",
                 "Deployment has minimum availability.",
-                update_time=True,
             )
         else:
             conditions = set_condition(
@@ -457,9 +504,15 @@ class DeploymentController:
                 "False",
                 "MinimumReplicasUnavailable",
                 "Deployment does not have minimum availability.",
-                update_time=True,
             )
         name = fresh_new["metadata"]["name"] if fresh_new else ""
+        counts = {
+            "replicas": total,
+            "updatedReplicas": updated,
+            "readyReplicas": ready,
+            "availableReplicas": available,
+        }
+        progressed = any(previous.get(k, 0) != v for k, v in counts.items())
         if fresh_new and updated == replicas and available >= replicas and total == replicas:
             conditions = set_condition(
                 conditions,
@@ -467,23 +520,12 @@ class DeploymentController:
                 "True",
                 "NewReplicaSetAvailable",
                 f'ReplicaSet "{name}" has successfully progressed.',
-                update_time=True,
             )
         elif fresh_new:
-            conditions = set_condition(
-                conditions,
-                "Progressing",
-                "True",
-                "ReplicaSetUpdated",
-                f'ReplicaSet "{name}" is progressing.',
-                update_time=True,
-            )
+            conditions = self._progressing(deployment, conditions, name, progressed)
         status: dict[str, Any] = {
             "observedGeneration": deployment["metadata"].get("generation", 1),
-            "replicas": total,
-            "updatedReplicas": updated,
-            "readyReplicas": ready,
-            "availableReplicas": available,
+            **counts,
             "unavailableReplicas": max(replicas - available, 0),
             "conditions": conditions,
         }

@@ -69,7 +69,7 @@ class Simulator:
             store,
             self.state,
             self.types,
-            lambda kind, key, delay: self._retry(self.queues[kind], key, delay),
+            self._requeue_after,
         )
         self.controllers = {c.kind: c(self.ctx) for c in controllers.CONTROLLERS}
         self.queues: dict[str, WorkQueue[Key]] = {kind: WorkQueue() for kind in self.controllers}
@@ -91,6 +91,7 @@ class Simulator:
         self._tasks: list[asyncio.Task[None]] = []
         self._unsubscribe: list[Callable[[], None]] = []
         self._retries: set[asyncio.TimerHandle] = set()
+        self._wakeups: dict[tuple[str, Key], asyncio.TimerHandle] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -127,9 +128,10 @@ class Simulator:
         for unsubscribe in self._unsubscribe:
             unsubscribe()
         self._unsubscribe.clear()
-        for handle in self._retries:
+        for handle in [*self._retries, *self._wakeups.values()]:
             handle.cancel()
         self._retries.clear()
+        self._wakeups.clear()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -180,6 +182,23 @@ class Simulator:
 
         handle = loop.call_later(delay, fire)
         self._retries.add(handle)
+
+    def _requeue_after(self, kind: str, key: Key, delay: float) -> None:
+        """Reconcile (kind, key) again in `delay` seconds; an earlier wake-up already
+        armed wins, since that reconcile re-arms whatever it still waits for."""
+        loop = asyncio.get_running_loop()
+        when = loop.time() + max(delay, 0.0)
+        armed = self._wakeups.get((kind, key))
+        if armed is not None and not armed.cancelled() and armed.when() <= when:
+            return
+        if armed is not None:
+            armed.cancel()
+
+        def fire() -> None:
+            self._wakeups.pop((kind, key), None)
+            self.queues[kind].add(key)
+
+        self._wakeups[(kind, key)] = loop.call_at(when, fire)
 
     # -- listeners (synchronous, inside store writes: only bookkeeping and enqueueing) ------
 
