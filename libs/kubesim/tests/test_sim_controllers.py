@@ -807,3 +807,51 @@ async def test_stuck_rollout_exceeds_its_progress_deadline(cluster: Cluster) -> 
     http.apply(cluster.sim, {"action": "add", "count": 2, "cpu": "16"})
 
     await eventually(lambda: progressing().get("reason") == "NewReplicaSetAvailable")
+
+
+@pytest.mark.parametrize(
+    ("max_surge", "max_unavailable", "most_pods", "fewest_available"),
+    [
+        pytest.param(0, 2, 10, 8, id="no-surge-two-down"),
+        pytest.param(3, 0, 13, 10, id="three-surge-none-down"),
+        pytest.param("20%", "10%", 12, 9, id="percentages"),
+    ],
+)
+async def test_rolling_update_stays_within_surge_and_unavailability(
+    cluster: Cluster,
+    max_surge: int | str,
+    max_unavailable: int | str,
+    most_pods: int,
+    fewest_available: int,
+) -> None:
+    rolling = deployment(replicas=10)
+    rolling["spec"]["strategy"] = {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": max_surge, "maxUnavailable": max_unavailable},
+    }
+    cluster.create(rolling)
+    await eventually(lambda: cluster.status("Deployment", "web").get("availableReplicas") == 10)
+    pods_seen: list[int] = []
+    available_seen: list[int] = []
+
+    def observe(event: StoreEvent) -> None:
+        active = [p for p in cluster.sim.state.pods.values() if p.active]
+        pods_seen.append(len(active))
+        available_seen.append(sum(1 for p in active if p.ready))
+
+    unsubscribe = cluster.store.add_listener(cluster.rt("Pod"), observe)
+    try:
+        cluster.update_spec("Deployment", "web", new_image)
+        await eventually(
+            lambda: (
+                (s := cluster.status("Deployment", "web")).get("observedGeneration") == 2
+                and s.get("updatedReplicas") == 10
+                and s.get("availableReplicas") == 10
+                and s.get("replicas") == 10
+            )
+        )
+    finally:
+        unsubscribe()
+    assert images(cluster) == {"nginx:1.28"}
+    assert max(pods_seen) <= most_pods
+    assert min(available_seen) >= fewest_available
