@@ -855,3 +855,73 @@ async def test_rolling_update_stays_within_surge_and_unavailability(
     assert images(cluster) == {"nginx:1.28"}
     assert max(pods_seen) <= most_pods
     assert min(available_seen) >= fewest_available
+
+
+UNREACHABLE = "node.kubernetes.io/unreachable"
+
+
+def pod_on(cluster: Cluster, node: str) -> dict[str, Any]:
+    return next(p for p in cluster.pods() if p["spec"].get("nodeName") == node)
+
+
+async def test_not_ready_node_stops_heartbeats_and_unreadies_its_pods(
+    cluster_factory: Callable[..., Any],
+) -> None:
+    cluster: Cluster = await cluster_factory(nodes=3, heartbeat_seconds=0.02)
+    cluster.create(deployment(replicas=3))
+    await eventually(lambda: cluster.status("Deployment", "web").get("readyReplicas") == 3)
+    victim = pod_on(cluster, "test-node-0")["metadata"]["name"]
+
+    def renewed(node: str) -> str:
+        return str(cluster.get("Lease", node, LEASE_NAMESPACE)["spec"]["renewTime"])
+
+    http.apply(cluster.sim, {"action": "not-ready", "names": ["test-node-0"]})
+
+    node = cluster.get("Node", "test-node-0", None)
+    assert condition(node, "Ready")["status"] == "Unknown"
+    assert {(t["key"], t["effect"]) for t in node["spec"]["taints"]} == {
+        (UNREACHABLE, "NoSchedule"),
+        (UNREACHABLE, "NoExecute"),
+    }
+    await eventually(lambda: cluster.status("Deployment", "web").get("readyReplicas") == 2)
+    assert condition(cluster.get("Pod", victim), "Ready")["reason"] == "NodeNotReady"
+    frozen, other = renewed("test-node-0"), renewed("test-node-1")
+    await eventually(lambda: renewed("test-node-1") != other)
+    assert renewed("test-node-0") == frozen
+    assert cluster.sim.stats()["unreachableNodes"] == 1
+
+    http.apply(cluster.sim, {"action": "ready", "names": ["test-node-0"]})
+
+    await eventually(lambda: cluster.status("Deployment", "web").get("readyReplicas") == 3)
+    node = cluster.get("Node", "test-node-0", None)
+    assert "taints" not in node["spec"]
+    assert condition(node, "Ready")["status"] == "True"
+    assert cluster.get("Pod", victim)["spec"]["nodeName"] == "test-node-0"
+    await eventually(lambda: renewed("test-node-0") != frozen)
+
+
+async def test_pods_tolerating_unreachable_briefly_are_evicted_and_replaced(
+    cluster: Cluster,
+) -> None:
+    impatient = deployment(
+        replicas=3,
+        tolerations=[
+            {
+                "key": UNREACHABLE,
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 0,
+            }
+        ],
+    )
+    cluster.create(impatient)
+    await eventually(lambda: cluster.status("Deployment", "web").get("readyReplicas") == 3)
+
+    http.apply(cluster.sim, {"action": "not-ready", "names": ["test-node-0"]})
+
+    await eventually(
+        lambda: (
+            cluster.status("Deployment", "web").get("readyReplicas") == 3
+            and all(p["spec"]["nodeName"] != "test-node-0" for p in cluster.pods())
+        )
+    )

@@ -751,16 +751,22 @@ def daemon_pod_spec(template: dict[str, Any], node: str) -> dict[str, Any]:
     return spec
 
 
-def daemon_should_run(template: dict[str, Any], node: NodeInfo) -> bool:
-    """Upstream `nodeShouldRunDaemonPod`: selector/affinity match and taints tolerated."""
+def daemon_should_run(template: dict[str, Any], node: NodeInfo) -> tuple[bool, bool]:
+    """Upstream `nodeShouldRunDaemonPod`: (should run, should keep running) on `node`.
+
+    A new daemon pod needs the selector/affinity to match and every NoSchedule and
+    NoExecute taint tolerated; an existing one is only evicted by NoExecute taints.
+    """
     pod = daemon_pod_scheduling(template, node.name)
     if not scheduling.matches_node_affinity(pod, node):
-        return False
-    return scheduling.untolerated_taint(node.taints, pod.tolerations) is None
+        return False, False
+    if scheduling.untolerated_taint(node.taints, pod.tolerations, frozenset({"NoExecute"})):
+        return False, False
+    return scheduling.untolerated_taint(node.taints, pod.tolerations) is None, True
 
 
 class DaemonSetController:
-    """One pod per eligible node; pods on nodes that no longer qualify are removed."""
+    """One pod per eligible node; pods on nodes they may no longer run on are removed."""
 
     kind = "DaemonSet"
 
@@ -776,11 +782,17 @@ class DaemonSetController:
         spec = ds.get("spec") or {}
         template = spec.get("template") or {}
         generation = str(ds["metadata"].get("generation", 1))
-        eligible = sorted(
-            n.name for n in self.ctx.state.nodes.values() if daemon_should_run(template, n)
-        )
+        eligible: list[str] = []
+        keep: set[str] = set()
+        for node in self.ctx.state.nodes.values():
+            should_run, should_continue = daemon_should_run(template, node)
+            if should_run:
+                eligible.append(node.name)
+            if should_continue:
+                keep.add(node.name)
+        eligible.sort()
         if not _deleting(ds):
-            self._sync(ds, template, generation, eligible)
+            self._sync(ds, template, generation, eligible, keep)
         by_node: dict[str, list[PodRecord]] = {}
         for record in self.ctx.state.owned_pods(uid):
             target = record.target_node
@@ -816,7 +828,12 @@ class DaemonSetController:
         write_status(self.ctx.store, self.rt, ds, status)
 
     def _sync(
-        self, ds: dict[str, Any], template: dict[str, Any], generation: str, eligible: list[str]
+        self,
+        ds: dict[str, Any],
+        template: dict[str, Any],
+        generation: str,
+        eligible: list[str],
+        keep: set[str],
     ) -> None:
         namespace, name = ds["metadata"]["namespace"], ds["metadata"]["name"]
         by_node: dict[str, list[PodRecord]] = {}
@@ -824,9 +841,8 @@ class DaemonSetController:
             target = record.target_node
             if record.active and target is not None:
                 by_node.setdefault(target, []).append(record)
-        eligible_set = set(eligible)
         for node, records in by_node.items():
-            if node not in eligible_set:
+            if node not in keep:
                 for record in records:
                     self.ctx.delete_pod(record)
             else:

@@ -5,7 +5,8 @@ action and the nodes it applies to:
 
     {"action": "add", "count": 2, "cpu": "8", "memory": "32Gi", "pods": 110, "gpus": 0,
      "labels": {...}, "taints": [...], "names": [...]}        names/count: either
-    {"action": "remove" | "cordon" | "uncordon" | "zero-capacity" | "restore-capacity",
+    {"action": "remove" | "cordon" | "uncordon" | "zero-capacity" | "restore-capacity"
+               | "not-ready" | "ready",
      "names": [...]}
 
 and gets back `{"action": ..., "nodes": [...affected names]}`. `GET /sim/v1/nodes`
@@ -27,7 +28,16 @@ from flotilla.kubesim.sim.nodes import NodeShape
 if TYPE_CHECKING:
     from flotilla.kubesim.sim.simulator import Simulator
 
-ACTIONS = ("add", "remove", "cordon", "uncordon", "zero-capacity", "restore-capacity")
+ACTIONS = (
+    "add",
+    "remove",
+    "cordon",
+    "uncordon",
+    "zero-capacity",
+    "restore-capacity",
+    "not-ready",
+    "ready",
+)
 MAX_NEW_NODES = 5000
 
 
@@ -96,6 +106,8 @@ def apply(sim: Simulator, body: Any) -> dict[str, Any]:
             affected = sim.remove_nodes(names)
         elif action in ("cordon", "uncordon"):
             affected = sim.cordon_nodes(names, action == "cordon")
+        elif action in ("not-ready", "ready"):
+            affected = sim.set_nodes_ready(names, action == "ready")
         else:
             affected = sim.zero_capacity(names, action == "zero-capacity")
     return {"kind": "SimNodesResult", "action": action, "nodes": affected}
@@ -108,6 +120,7 @@ def describe(sim: Simulator) -> dict[str, Any]:
         items.append(
             {
                 "name": name,
+                "ready": name not in sim.unreachable,
                 "unschedulable": node.unschedulable,
                 "taints": node.taints,
                 "allocatable": dict(node.allocatable),

@@ -98,29 +98,28 @@ def _condition(kind: str, status: str, reason: str, message: str, now: str) -> d
 
 
 def node_conditions(now: str, *, ready: bool = True) -> list[dict[str, Any]]:
-    return [
-        _condition(
+    """A healthy kubelet's conditions, or all Unknown once it stopped reporting."""
+    healthy = [
+        (
             "MemoryPressure",
             "False",
             "KubeletHasSufficientMemory",
             "kubelet has sufficient memory available",
-            now,
         ),
+        ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+        ("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+        ("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+    ]
+    if ready:
+        return [
+            _condition(kind, status, reason, message, now)
+            for kind, status, reason, message in healthy
+        ]
+    return [
         _condition(
-            "DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure", now
-        ),
-        _condition(
-            "PIDPressure",
-            "False",
-            "KubeletHasSufficientPID",
-            "kubelet has sufficient PID available",
-            now,
-        ),
-        _condition("Ready", "True", "KubeletReady", "kubelet is posting ready status", now)
-        if ready
-        else _condition(
-            "Ready", "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.", now
-        ),
+            kind, "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.", now
+        )
+        for kind, _, _, _ in healthy
     ]
 
 

@@ -290,3 +290,26 @@ def succeeded_status(status: dict[str, Any]) -> dict[str, Any]:
         "conditions": conditions,
         "containerStatuses": containers,
     }
+
+
+def with_readiness(status: dict[str, Any], ready: bool) -> dict[str, Any]:
+    """A running pod's status with Ready/ContainersReady (and containers) set to `ready`."""
+    now = now_rfc3339()
+    value = "True" if ready else "False"
+    conditions = []
+    for condition in status.get("conditions") or ():
+        if (
+            condition.get("type") in ("Ready", "ContainersReady")
+            and condition.get("status") != value
+        ):
+            condition = {
+                "type": condition["type"],
+                "status": value,
+                "lastProbeTime": None,
+                "lastTransitionTime": now,
+            }
+            if not ready:
+                condition["reason"] = "NodeNotReady"
+        conditions.append(condition)
+    containers = [{**c, "ready": ready} for c in status.get("containerStatuses") or ()]
+    return {**status, "conditions": conditions, "containerStatuses": containers}

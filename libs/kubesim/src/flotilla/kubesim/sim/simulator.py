@@ -53,6 +53,29 @@ _TYPES = {
     "Job": "batch/v1",
 }
 _RETRY_SECONDS = 1.0
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+# Upstream's DefaultTolerationSeconds admission gives every pod these unless it has its own.
+DEFAULT_TOLERATION_SECONDS = 300
+
+
+def with_default_tolerations(tolerations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pod's tolerations plus the 300 s not-ready/unreachable ones admission adds."""
+    out = list(tolerations)
+    for key in (NOT_READY_TAINT, UNREACHABLE_TAINT):
+        taint = {"key": key, "effect": "NoExecute"}
+        if not any(scheduling.tolerates(t, taint) for t in tolerations):
+            out.append(
+                {
+                    "key": key,
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": DEFAULT_TOLERATION_SECONDS,
+                }
+            )
+    return out
+
+
 _GATED = "SchedulingGated"
 
 
@@ -92,6 +115,7 @@ class Simulator:
         self._unsubscribe: list[Callable[[], None]] = []
         self._retries: set[asyncio.TimerHandle] = set()
         self._wakeups: dict[tuple[str, Key], asyncio.TimerHandle] = {}
+        self.unreachable: set[str] = set()  # nodes whose simulated kubelet is down
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -436,6 +460,8 @@ class Simulator:
         record = self.state.pods.get((namespace, name))
         if record is None or record.deleting or record.node_name is None:
             return
+        if action != "evict" and record.node_name in self.unreachable:
+            return  # that kubelet is down; `set_nodes_ready` re-arms its pods
         pod_rt = self.types["Pod"]
         if action == "start" and record.phase == "Pending":
             pod = self.store.get(pod_rt, namespace, name)
@@ -466,9 +492,8 @@ class Simulator:
             return
         if record.phase in TERMINAL_PHASES:
             return
-        taint = scheduling.untolerated_taint(
-            node.taints, record.scheduling.tolerations, frozenset({"NoExecute"})
-        )
+        tolerations = with_default_tolerations(record.scheduling.tolerations)
+        taint = scheduling.untolerated_taint(node.taints, tolerations, frozenset({"NoExecute"}))
         if taint is not None:
             self.ctx.delete_pod(record)
             return
@@ -476,7 +501,7 @@ class Simulator:
             float(t["tolerationSeconds"])
             for n_taint in node.taints
             if n_taint.get("effect") == "NoExecute"
-            for t in record.scheduling.tolerations
+            for t in tolerations
             if scheduling.tolerates(t, n_taint) and t.get("tolerationSeconds") is not None
         ]
         if grace:
@@ -494,6 +519,8 @@ class Simulator:
         """Renew (or create) every node's Lease in kube-node-lease."""
         lease_rt = self.types["Lease"]
         for name in sorted(self.state.nodes):
+            if name in self.unreachable:
+                continue
             try:
                 lease = self.store.get(lease_rt, nodes.LEASE_NAMESPACE, name)
             except ApiError as exc:
@@ -548,6 +575,52 @@ class Simulator:
             self.store.update(self.types["Node"], node)
         return names
 
+    def set_nodes_ready(self, names: list[str], ready: bool) -> list[str]:
+        """Stop (or restart) the nodes' kubelets, as the node lifecycle controller sees it.
+
+        Down: Lease renewals stop, every node condition turns Unknown, the
+        `node.kubernetes.io/unreachable` NoSchedule and NoExecute taints are added and
+        the node's pods are marked not Ready; pods without their own toleration are
+        evicted after the default 300 s. Up: all of that is undone.
+        """
+        node_rt = self.types["Node"]
+        pod_rt = self.types["Pod"]
+        for name in names:
+            if ready:
+                self.unreachable.discard(name)
+            else:
+                self.unreachable.add(name)
+            node = self.store.get(node_rt, None, name)
+            spec = node.setdefault("spec", {})
+            taints = [t for t in spec.get("taints") or [] if t.get("key") != UNREACHABLE_TAINT]
+            if not ready:
+                now = nodes.now_rfc3339()
+                taints += [
+                    {"key": UNREACHABLE_TAINT, "effect": effect, "timeAdded": now}
+                    for effect in ("NoSchedule", "NoExecute")
+                ]
+            if taints:
+                spec["taints"] = taints
+            else:
+                spec.pop("taints", None)
+            node = self.store.update(node_rt, node)
+            node.setdefault("status", {})["conditions"] = nodes.node_conditions(
+                nodes.now_rfc3339(), ready=ready
+            )
+            self.store.update(node_rt, node, subresource="status")
+            for key in sorted(self.state.pods_by_node.get(name, ())):
+                record = self.state.pods.get(key)
+                if record is None or not record.active or record.phase != "Running":
+                    if record is not None and record.active and ready:
+                        self._kubelet_next(record)
+                    continue
+                pod = self.store.get(pod_rt, *key)
+                status = pods.with_readiness(pod.get("status") or {}, ready)
+                controllers.write_status(self.store, pod_rt, pod, status)
+                if ready:
+                    self._kubelet_next(record)
+        return names
+
     def zero_capacity(self, names: list[str], zero: bool = True) -> list[str]:
         """Set allocatable (and capacity) to zero, or restore what it was before."""
         node_rt = self.types["Node"]
@@ -586,5 +659,6 @@ class Simulator:
             "nodes": len(self.state.nodes),
             "podsByPhase": self.state.pods_by_phase(),
             "unschedulablePods": len(self.state.unschedulable),
+            "unreachableNodes": len(self.unreachable),
             "pendingKubeletActions": len(self.timers),
         }
