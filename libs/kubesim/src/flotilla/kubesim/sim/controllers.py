@@ -6,15 +6,14 @@ owner's status in the shape upstream controllers do (the fields clients and
 Flotilla's status aggregation read). Writes go straight to the in-process `Store`;
 pods carry a `controller: true` ownerReference so the store's garbage collector
 removes them with their owner. Behaviour follows upstream where clients can observe
-it (rolling updates bounded by maxSurge/maxUnavailable, StatefulSet ordinals and
-OrderedReady, DaemonSet default tolerations, Job completions/parallelism) and is
-simplified elsewhere (no minReadySeconds delay, no proportional scaling mid-rollout,
-no pod failures).
+it (rolling updates bounded by maxSurge/maxUnavailable, minReadySeconds, progress
+deadlines, StatefulSet ordinals, OrderedReady and claim templates, DaemonSet default
+tolerations, Job completions/parallelism/Indexed) and is simplified elsewhere (no
+proportional scaling mid-rollout, no ControllerRevision objects, pods never fail).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -29,8 +28,6 @@ from flotilla.kubesim.sim.nodes import now_rfc3339
 from flotilla.kubesim.sim.scheduling import NodeInfo, PodSchedulingSpec
 from flotilla.kubesim.sim.state import ClusterState, Key, PodRecord
 from flotilla.kubesim.store import Store
-
-log = logging.getLogger(__name__)
 
 POD_TEMPLATE_HASH = "pod-template-hash"
 REVISION = "deployment.kubernetes.io/revision"
