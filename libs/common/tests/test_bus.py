@@ -14,10 +14,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
+from prometheus_client import CollectorRegistry
 
 from flotilla.common import bus as busmod
 from flotilla.common import events
 from flotilla.common.errors import PermanentError, TemporaryError
+from flotilla.common.health import EventMetrics
 from flotilla.common.infra import NatsServer
 from flotilla.common.topology import ConsumerSpec, Topology
 
@@ -68,6 +70,7 @@ async def consuming(
     ack_wait: float = 5.0,
     max_deliver: int = 5,
     on_dead_letter: busmod.DeadLetterHook | None = None,
+    metrics: EventMetrics | None = None,
 ) -> AsyncIterator[busmod.Consumer]:
     spec = ConsumerSpec(
         service="svc", event_types=("ResourceObserved",), ack_wait=ack_wait, max_deliver=max_deliver
@@ -79,6 +82,7 @@ async def consuming(
         instance=instance,
         concurrency=16,
         on_dead_letter=on_dead_letter,
+        metrics=metrics,
     )
     task = asyncio.create_task(consumer.run())
     try:
@@ -120,10 +124,19 @@ async def test_temporary_error_is_redelivered_after_its_delay(
         if len(calls) == 1:
             raise TemporaryError("member busy", delay=0.8)
 
-    async with connected(nats_server, f"tmp{unique}") as bus, consuming(bus, handler):
+    registry = CollectorRegistry()
+    metrics = EventMetrics(registry)
+    async with (
+        connected(nats_server, f"tmp{unique}") as bus,
+        consuming(bus, handler, metrics=metrics),
+    ):
         await bus.publish(observed("a", 1))
         await until(lambda: len(calls) == 2)
     assert calls[1] - calls[0] >= 0.75
+    sample = registry.get_sample_value
+    assert sample("flotilla_events_handled_total", {"type": "ResourceObserved"}) == 1
+    labels = {"type": "ResourceObserved", "error": "TemporaryError"}
+    assert sample("flotilla_events_failed_total", labels) == 1
 
 
 async def test_retry_never_lets_a_newer_event_of_the_key_overtake(

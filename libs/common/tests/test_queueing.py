@@ -168,3 +168,20 @@ async def test_a_crashing_processor_does_not_kill_the_queue(crash: Exception) ->
     await asyncio.wait_for(queue.wait_idle(), 5)
     assert sorted(calls) == [1, 2]
     await queue.drain(1)
+
+
+async def test_waiting_for_some_keys_ignores_busy_others() -> None:
+    gate = asyncio.Event()
+
+    async def process(d: FakeDelivery) -> None:
+        if d.key == "busy":
+            await gate.wait()
+
+    queue = make_queue(process)
+    queue.submit(FakeDelivery("busy", 1))
+    queue.submit(FakeDelivery("quick", 2))
+    await asyncio.wait_for(queue.wait_keys_idle(lambda k: k == "quick"), 2)
+    assert queue.pending == 1
+    gate.set()
+    await asyncio.wait_for(queue.wait_idle(), 2)
+    await queue.drain(1)

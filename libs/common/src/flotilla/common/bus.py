@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -39,9 +40,10 @@ from opentelemetry.trace import Status, StatusCode
 
 from flotilla.common import events, telemetry
 from flotilla.common.errors import InvalidEvent, PermanentError, TemporaryError, Unavailable
+from flotilla.common.health import EventMetrics
 from flotilla.common.leases import PartitionLeases
 from flotilla.common.queueing import KeyedQueue, Retry
-from flotilla.common.topology import BucketSpec, ConsumerSpec, StreamSpec, Topology
+from flotilla.common.topology import BucketSpec, ConsumerSpec, StreamSpec, Topology, partition_of
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,7 @@ class Term:
 Outcome = Ack | Nak | Term
 
 DEFAULT_RETRY_DELAY = 1.0
+FETCH_WAIT = 1.0
 
 
 def disposition(error: BaseException | None, *, delivered: int, max_deliver: int) -> Outcome:
@@ -403,6 +406,7 @@ class Consumer:
         concurrency: int = 64,
         batch: int = 64,
         on_dead_letter: DeadLetterHook | None = None,
+        metrics: EventMetrics | None = None,
     ) -> None:
         missing = set(spec.event_types) - set(handlers)
         if missing:
@@ -413,6 +417,7 @@ class Consumer:
         self.instance = instance
         self.batch = batch
         self.on_dead_letter = on_dead_letter
+        self.metrics = metrics
         self.queue: KeyedQueue[_Delivery] = KeyedQueue(
             self._process,
             concurrency=concurrency,
@@ -421,7 +426,7 @@ class Consumer:
             release=self._hand_back,
             duplicate=self._ack_duplicate,
         )
-        self._fetchers: dict[int, asyncio.Task[None]] = {}
+        self._fetchers: dict[int, tuple[asyncio.Task[None], asyncio.Event]] = {}
         self._stopping = asyncio.Event()
         self._leases: PartitionLeases | None = None
         self._capacity = max(batch * 4, concurrency * 2)
@@ -457,10 +462,7 @@ class Consumer:
         self._stopping.set()
 
     async def _shutdown(self, drain_timeout: float = 10.0) -> None:
-        for task in self._fetchers.values():
-            task.cancel()
-        await asyncio.gather(*self._fetchers.values(), return_exceptions=True)
-        self._fetchers.clear()
+        await asyncio.gather(*(self._stop_fetcher(p) for p in list(self._fetchers)))
         await self.queue.drain(drain_timeout)
         if self._leases is not None:
             with contextlib.suppress(Exception):
@@ -479,43 +481,77 @@ class Consumer:
         )
         stream = self.bus.topology.events_stream.name
         await self.bus.js.add_consumer(stream, config)
-        self._fetchers[partition] = asyncio.create_task(
-            self._fetch(partition, stream, durable), name=f"fetch-{durable}"
-        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(self._fetch(stream, durable, stop), name=f"fetch-{durable}")
+        self._fetchers[partition] = (task, stop)
         log.info("%s: consuming partition %d", self.instance, partition)
 
     async def _stop_partition(self, partition: int) -> None:
-        task = self._fetchers.pop(partition, None)
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        await self.queue.wait_idle()
+        """Stop fetching, then let this partition's in-flight work finish (bounded),
+        so the next owner starts where this one stopped."""
+        await self._stop_fetcher(partition)
+        partitions = self.bus.topology.partitions
+
+        def belongs(key: str) -> bool:
+            return partition_of(key, partitions) == partition
+
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.queue.wait_keys_idle(belongs), self.spec.ack_wait)
         log.info("%s: released partition %d", self.instance, partition)
 
-    async def _fetch(self, partition: int, stream: str, durable: str) -> None:
+    async def _stop_fetcher(self, partition: int) -> None:
+        fetcher = self._fetchers.pop(partition, None)
+        if fetcher is None:
+            return
+        task, stop = fetcher
+        stop.set()
+        done, _ = await asyncio.wait([task], timeout=FETCH_WAIT * 3)
+        if not done:  # blocked somewhere cancellable (waiting for room in the queue)
+            task.cancel()
+            await asyncio.wait([task], timeout=FETCH_WAIT)
+
+    async def _fetch(self, stream: str, durable: str, stop: asyncio.Event) -> None:
+        """Long-poll one partition until `stop` is set.
+
+        Stopping is cooperative: nats-py's fetch can swallow a task cancellation
+        (a wait_for race), so the loop checks `stop` between polls instead of
+        relying on `Task.cancel`.
+        """
         backoff = 0.1
         sub = None
-        while True:
-            try:
-                if sub is None:
-                    sub = await self.bus.js.pull_subscribe_bind(durable, stream=stream)
-                await self.queue.wait_for_room(self._capacity)
+        try:
+            while not stop.is_set():
                 try:
-                    msgs = await sub.fetch(self.batch, timeout=1.0)
-                except (nats.errors.TimeoutError, TimeoutError):
-                    continue  # nothing new within the long-poll window
-                for msg in msgs:
-                    self.queue.submit(_Delivery(msg))
-                backoff = 0.1
-            except asyncio.CancelledError:
-                if sub is not None:
-                    with contextlib.suppress(Exception):
-                        await sub.unsubscribe()
-                raise
-            except (nats.errors.Error, OSError) as exc:
-                log.warning("fetch %s failed (%r); retrying in %.1fs", durable, exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                    if sub is None:
+                        sub = await self.bus.js.pull_subscribe_bind(durable, stream=stream)
+                    await self.queue.wait_for_room(self._capacity)
+                    started = time.monotonic()
+                    try:
+                        msgs = await sub.fetch(self.batch, timeout=FETCH_WAIT)
+                    except (nats.errors.TimeoutError, TimeoutError):
+                        if time.monotonic() - started >= FETCH_WAIT / 2:
+                            continue  # nothing new within the long-poll window
+                        # An instant timeout means a broken pull (seen right after a
+                        # reconnect); spinning on it would starve the event loop.
+                        raise nats.errors.Error("pull request failed at once") from None
+                    for msg in msgs:
+                        self.queue.submit(_Delivery(msg))
+                    backoff = 0.1
+                except (nats.errors.Error, OSError) as exc:
+                    if stop.is_set() or self.bus.nc.is_closed:
+                        return
+                    log.warning("fetch %s failed (%r); retrying in %.1fs", durable, exc, backoff)
+                    if sub is not None:
+                        with contextlib.suppress(Exception):
+                            await sub.unsubscribe()
+                        sub = None
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), timeout=backoff)
+                    backoff = min(backoff * 2, 5.0)
+        finally:
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
 
     async def _process(self, delivery: _Delivery) -> Retry | None:
         msg = delivery.msg
@@ -532,7 +568,11 @@ class Consumer:
         ) as span:
             try:
                 envelope = events.decode(msg.data)
-                await self.handlers[envelope.type](envelope)
+                if self.metrics is None:
+                    await self.handlers[envelope.type](envelope)
+                else:
+                    with self.metrics.observe(envelope.type):
+                        await self.handlers[envelope.type](envelope)
             except Exception as exc:
                 error = exc
                 span.record_exception(exc)

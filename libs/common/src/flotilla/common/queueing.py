@@ -196,5 +196,11 @@ class KeyedQueue(Generic[D]):
             self._progress.clear()
             await self._progress.wait()
 
+    async def wait_keys_idle(self, belongs: Callable[[str], bool]) -> None:
+        """Return once no key for which `belongs(key)` holds has unfinished work."""
+        while any(belongs(key) for key in self._keys):
+            self._progress.clear()
+            await self._progress.wait()
+
     async def wait_idle(self) -> None:
         await self._idle.wait()
