@@ -20,10 +20,10 @@ from flotilla.common.capacity import (
     ClusterCapacity,
     FakeCapacityCache,
     NodeCapacity,
-    RedisCapacityCache,
 )
 from flotilla.common.errors import Unavailable
 from flotilla.common.infra import RedisServer
+from flotilla.common.rediscapacity import RedisCapacityCache
 
 pytestmark = pytest.mark.integration
 
