@@ -1,0 +1,193 @@
+"""The composition root every Flotilla service shares.
+
+A service's ``__main__`` is one line, ``service.main("scheduler", setup)``: this
+module loads and validates the settings, sets up JSON logs and tracing, connects
+the bus, serves ``/healthz`` ``/readyz`` ``/metrics``, and hands a `Runtime` to the
+service's ``setup``, which registers its consumers and long-running loops. Then it
+waits for SIGTERM/SIGINT and shuts everything down in order: loops, consumers
+(draining in-flight work and handing back the rest), bus, health endpoint.
+
+Long-running work runs through `Runtime.spawn`, the one guarded helper: a crash is
+logged and the loop restarted with backoff, so one failing watch never takes the
+service down (kopf's ``aiotasks`` is the model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+
+from prometheus_client import CollectorRegistry
+
+from flotilla.common import config, logs, telemetry
+from flotilla.common.bus import Bus, Consumer, DeadLetterHook, Handler
+from flotilla.common.config import Settings
+from flotilla.common.errors import ConfigError, FlotillaError
+from flotilla.common.health import EventMetrics, HealthServer
+from flotilla.common.topology import ConsumerSpec, Topology
+
+log = logging.getLogger(__name__)
+
+MAX_RESTART_DELAY = 30.0
+
+
+async def guarded(
+    name: str,
+    factory: Callable[[], Awaitable[None]],
+    *,
+    finished: Callable[[], bool] = lambda: False,
+) -> None:
+    """Run `factory()` until `finished()`: restart it with exponential backoff when it
+    crashes or returns early; cancellation ends it too."""
+    delay = 0.5
+    while True:
+        try:
+            await factory()
+            if finished():
+                return
+            log.warning("task %s returned; restarting", name)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("task %s crashed; restarting in %.1fs", name, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, MAX_RESTART_DELAY)
+
+
+class Runtime:
+    """One service replica's shared parts. Build it with `Runtime.open`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        bus: Bus,
+        health: HealthServer,
+        registry: CollectorRegistry,
+    ) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.health = health
+        self.registry = registry
+        self.metrics = EventMetrics(registry)
+        self.consumers: list[Consumer] = []
+        self._consumer_tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = asyncio.Event()
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(
+        cls, settings: Settings, *, topology: Topology | None = None
+    ) -> AsyncIterator[Runtime]:
+        topology = topology or Topology(
+            prefix=settings.stream_prefix, partitions=settings.partitions
+        )
+        password = settings.nats_password.get_secret_value() if settings.nats_password else None
+        bus = await Bus.connect(
+            settings.nats_url,
+            topology=topology,
+            producer=f"{settings.service}/{settings.instance}",
+            credentials=str(settings.nats_creds) if settings.nats_creds else None,
+            user=settings.nats_user,
+            password=password,
+        )
+        registry = CollectorRegistry()
+        health = HealthServer(settings.health_host, settings.health_port, registry)
+        runtime = cls(settings, bus, health, registry)
+        health.add_readiness_check("nats", runtime._nats_ready)
+        try:
+            await health.start()
+            yield runtime
+        finally:
+            await runtime._shutdown()
+            await bus.close()
+            await health.stop()
+
+    async def _nats_ready(self) -> bool | str:
+        return True if self.bus.nc.is_connected else "not connected to NATS"
+
+    def consume(
+        self,
+        spec: ConsumerSpec,
+        handlers: Mapping[str, Handler],
+        *,
+        on_dead_letter: DeadLetterHook | None = None,
+    ) -> Consumer:
+        """Start consuming `spec`'s events with `handlers` (one per event type)."""
+        consumer = Consumer(
+            self.bus,
+            spec,
+            handlers,
+            instance=self.settings.instance,
+            concurrency=self.settings.max_concurrency,
+            on_dead_letter=on_dead_letter,
+            metrics=self.metrics,
+        )
+        self.consumers.append(consumer)
+        self._consumer_tasks.append(
+            asyncio.create_task(
+                guarded(f"consume-{spec.service}", consumer.run, finished=self._stopped.is_set)
+            )
+        )
+        return consumer
+
+    def spawn(self, name: str, factory: Callable[[], Awaitable[None]]) -> None:
+        """Run a long-running loop (a watch, a ticker) under `guarded`."""
+        self._tasks.append(asyncio.create_task(guarded(name, factory), name=name))
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    async def wait(self) -> None:
+        """Until `stop()` or SIGTERM/SIGINT."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.stop)
+        await self._stopped.wait()
+
+    async def _shutdown(self, timeout: float = 30.0) -> None:
+        self._stopped.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for consumer in self.consumers:
+            await consumer.stop()
+        if self._consumer_tasks:
+            # Consumer.run drains in-flight work and releases its leases, then returns.
+            _, late = await asyncio.wait(self._consumer_tasks, timeout=timeout)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*self._consumer_tasks, return_exceptions=True)
+
+
+def main(
+    name: str,
+    setup: Callable[[Runtime], Awaitable[None]],
+    settings_type: type[Settings] = Settings,
+) -> None:
+    """The whole of a service's ``__main__``."""
+    try:
+        settings = config.load(settings_type, service=name)
+    except ConfigError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        sys.exit(2)
+    logs.setup(settings.log_level, name)
+    telemetry.setup(name)
+
+    async def run() -> None:
+        async with Runtime.open(settings) as runtime:
+            await setup(runtime)
+            log.info("%s started", name, extra={"instance": settings.instance})
+            await runtime.wait()
+            log.info("%s stopping", name)
+
+    try:
+        asyncio.run(run())
+    except FlotillaError as exc:
+        log.error("%s failed: %s", name, exc)
+        sys.exit(1)
