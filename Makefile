@@ -49,6 +49,9 @@ integration: bootstrap
 
 bench: bootstrap
 	$(PY) bench/bus.py
+	$(PY) bench/capacity.py
+	$(PY) bench/scheduler.py
+	$(PY) bench/kubesim.py
 
 lock: $(UV)
 	$(UV) lock
