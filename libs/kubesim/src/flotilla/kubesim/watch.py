@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -45,6 +46,9 @@ def encode_record(record: WatchRecord, kind: str, rt: ResourceType) -> bytes:
     return line
 
 
+MAX_LINES_PER_WRITE = 256
+
+
 class Watcher:
     """One open watch: its filter and its queue of lines to write."""
 
@@ -59,7 +63,7 @@ class Watcher:
         self.namespace = namespace
         self.labels = labels
         self.fields = fields
-        self.pending: list[bytes] = []
+        self.pending: deque[bytes] = deque()
         self.closed = False
         self.reason = ""
         self._wakeup = asyncio.Event()
@@ -103,9 +107,13 @@ class Watcher:
         self.reason = reason
         self._wakeup.set()
 
-    def take(self) -> list[bytes]:
-        lines, self.pending = self.pending, []
-        self._wakeup.clear()
+    def take(self, limit: int = MAX_LINES_PER_WRITE) -> list[bytes]:
+        """At most `limit` queued lines: a slow reader's backlog is written in bounded
+        chunks instead of one copy of everything it is behind on."""
+        count = min(limit, len(self.pending))
+        lines = [self.pending.popleft() for _ in range(count)]
+        if not self.pending:
+            self._wakeup.clear()
         return lines
 
     async def wait(self, seconds: float | None) -> None:
