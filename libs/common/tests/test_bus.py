@@ -21,7 +21,7 @@ from flotilla.common import events
 from flotilla.common.errors import PermanentError, TemporaryError
 from flotilla.common.health import EventMetrics
 from flotilla.common.infra import NatsServer
-from flotilla.common.topology import ConsumerSpec, Topology
+from flotilla.common.topology import ConsumerSpec, Topology, partition_of
 
 pytestmark = pytest.mark.integration
 
@@ -346,3 +346,28 @@ async def test_replay_reads_a_window_by_sequence_and_type(
         assert [seq_of(r.envelope) for r in window] == [3, 4, 5, 6]
         assert [r async for r in bus.replay(event_types=["PlacementDecided"])] == []
         assert len([r async for r in bus.replay()]) == 10
+
+
+async def test_a_handler_longer_than_ack_wait_is_kept_alive_not_redelivered(
+    nats_server: NatsServer, unique: str
+) -> None:
+    calls = 0
+    done = asyncio.Event()
+
+    async def handler(event: events.Envelope) -> None:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(2.5)  # well past ack_wait: only in_progress keeps it ours
+        done.set()
+
+    async with connected(nats_server, f"long{unique}") as bus:
+        async with consuming(bus, handler, ack_wait=1.0):
+            await bus.publish(observed("a", 1))
+            await asyncio.wait_for(done.wait(), 20)
+            await asyncio.sleep(1.5)  # a redelivery would have arrived by now
+        info = await bus.js.consumer_info(
+            bus.topology.events_stream.name,
+            f"svc-p{partition_of(observed('a', 1).key, bus.topology.partitions)}",
+        )
+    assert calls == 1
+    assert info.num_redelivered == 0

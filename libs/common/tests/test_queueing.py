@@ -185,3 +185,22 @@ async def test_waiting_for_some_keys_ignores_busy_others() -> None:
     gate.set()
     await asyncio.wait_for(queue.wait_idle(), 2)
     await queue.drain(1)
+
+
+async def test_a_redelivery_queued_behind_its_original_is_not_processed_twice() -> None:
+    seen: list[int] = []
+
+    async def process(d: FakeDelivery) -> None:
+        seen.append(d.sequence)
+        await asyncio.sleep(0.02)
+
+    queue = make_queue(process)
+    queue.submit(FakeDelivery("k", 1))
+    again = FakeDelivery("k", 1)  # the server redelivered #1 while it was running
+    queue.submit(again)
+    queue.submit(FakeDelivery("k", 2))
+    await asyncio.wait_for(queue.wait_idle(), 5)
+    await asyncio.sleep(0)
+    assert seen == [1, 2]
+    assert again.acked_as_duplicate
+    await queue.drain(1)

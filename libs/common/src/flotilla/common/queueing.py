@@ -128,8 +128,17 @@ class KeyedQueue(Generic[D]):
                 break
             state.last_done = max(state.last_done, delivery.sequence)
             self._progress.set()
-            state.running = state.waiting.popleft() if state.waiting and not self._closing else None
+            state.running = self._next(state)
         self._forget_if_idle(key, state)
+
+    def _next(self, state: _Key[D]) -> D | None:
+        """The next waiting delivery, skipping redeliveries of what is already done."""
+        while state.waiting and not self._closing:
+            candidate = state.waiting.popleft()
+            if candidate.sequence > state.last_done:
+                return candidate
+            self._spawn(self._duplicate(candidate))
+        return None
 
     def _forget_if_idle(self, key: str, state: _Key[D]) -> None:
         idle = state.running is None and not state.waiting and state.parked_on is None
