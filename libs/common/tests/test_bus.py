@@ -7,6 +7,7 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 
 import pytest
 from opentelemetry import trace
@@ -371,3 +372,16 @@ async def test_a_handler_longer_than_ack_wait_is_kept_alive_not_redelivered(
         )
     assert calls == 1
     assert info.num_redelivered == 0
+
+
+async def test_replay_reads_a_window_by_time(nats_server: NatsServer, unique: str) -> None:
+    async with connected(nats_server, f"replayt{unique}") as bus:
+        await bus.publish_batch([observed("a", i) for i in range(5)])
+        await asyncio.sleep(0.05)  # a gap in stream time to cut the window at
+        middle = datetime.now(UTC)
+        await asyncio.sleep(0.05)
+        await bus.publish_batch([observed("a", i) for i in range(5, 10)])
+        after = [seq_of(r.envelope) async for r in bus.replay(start_time=middle)]
+        before = [seq_of(r.envelope) async for r in bus.replay(end_time=middle)]
+    assert after == [5, 6, 7, 8, 9]
+    assert before == [0, 1, 2, 3, 4]
