@@ -1,0 +1,241 @@
+"""Which objects a change can affect, the index that answers it, and record keys."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from flotilla.common import api
+from flotilla.common.api import PlacementState
+from flotilla.common.events import ClusterPlacement, PlacementDecided, ResourceAnalyzed
+from flotilla.scheduler import records, state
+from flotilla.scheduler.records import PlacementRecord
+
+from .builders import (
+    NOW,
+    ClusterBuilder,
+    make_cluster,
+    make_configmap,
+    make_daemonset,
+    make_deployment,
+    make_pod,
+    make_policy,
+    make_pvc,
+)
+
+
+def base() -> ClusterBuilder:
+    return (
+        make_cluster("c1").with_labels(region="eu", tier="gold").serving(("apps/v1", "Deployment"))
+    )
+
+
+CASES: list[tuple[str, ClusterBuilder | None, ClusterBuilder | None, state.Impact]] = [
+    ("cordon affects nothing", base(), base().cordoned(), state.Impact()),
+    ("uncordon opens", base().cordoned(), base(), state.Impact(opened=True)),
+    ("drain moves placed", base(), base().draining(), state.Impact(placed=True)),
+    (
+        "drain moved later moves placed",
+        base().draining(NOW),
+        base().draining(NOW + timedelta(hours=1)),
+        state.Impact(placed=True),
+    ),
+    ("drain cancelled opens", base().draining(), base(), state.Impact(opened=True)),
+    ("not ready affects placed", base(), base().not_ready(), state.Impact(placed=True)),
+    ("ready again opens", base().not_ready(), base(), state.Impact(opened=True)),
+    ("taint added affects placed", base(), base().with_taint("gpu"), state.Impact(placed=True)),
+    ("taint removed opens", base().with_taint("gpu"), base(), state.Impact(opened=True)),
+    (
+        "label changed",
+        base(),
+        base().with_labels(region="us"),
+        state.Impact(labels=frozenset({"region"})),
+    ),
+    (
+        "label added",
+        base(),
+        base().with_labels(gpu="v100"),
+        state.Impact(labels=frozenset({"gpu"})),
+    ),
+    ("status only", base(), base().with_placements(12), state.Impact()),
+    ("deleted affects placed", base(), None, state.Impact(placed=True)),
+    (
+        "new cluster opens and names its labels",
+        None,
+        base(),
+        state.Impact(opened=True, labels=frozenset({"region", "tier"})),
+    ),
+    (
+        "API removed affects placed",
+        base().serving(("v1", "Pod")),
+        base(),
+        state.Impact(placed=True),
+    ),
+    ("API added opens", base(), base().serving(("v1", "Pod")), state.Impact(opened=True)),
+]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [case[1:] for case in CASES],
+    ids=[case[0] for case in CASES],
+)
+def test_impact_of_a_cluster_change(
+    old: ClusterBuilder | None, new: ClusterBuilder | None, expected: state.Impact
+) -> None:
+    before = old.build() if old else None
+    after = new.build() if new else None
+    assert state.impact(before, after) == expected
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "worth_writing"),
+    [(case[1], case[2], case[0] != "status only") for case in CASES],
+    ids=[case[0] for case in CASES],
+)
+def test_only_placement_relevant_changes_are_written(
+    old: ClusterBuilder | None, new: ClusterBuilder | None, worth_writing: bool
+) -> None:
+    """Heartbeats and figures change all the time; writing them would churn every replica."""
+    before = old.build() if old else None
+    after = new.build() if new else None
+    assert state.relevant(before, after) is worth_writing
+
+
+def placed(
+    analyzed: ResourceAnalyzed,
+    *clusters: str,
+    schedulable: bool = True,
+    pending: int = 0,
+    retiring: tuple[str, ...] = (),
+) -> PlacementRecord:
+    entries = [ClusterPlacement(cluster=c, replicas=1) for c in clusters]
+    entries += [
+        ClusterPlacement(cluster=c, replicas=1, state=PlacementState.RETIRING) for c in retiring
+    ]
+    return PlacementRecord(
+        key=analyzed.ref.key,
+        analyzed=analyzed,
+        decided=PlacementDecided(ref=analyzed.ref, decision_id="d", clusters=entries),
+        schedulable=schedulable,
+        pending=pending,
+    )
+
+
+def with_policy(analyzed: ResourceAnalyzed, spec: dict[str, object]) -> ResourceAnalyzed:
+    return analyzed.model_copy(update={"policy_spec": spec})
+
+
+def test_index_answers_each_kind_of_change() -> None:
+    index = state.Index()
+    web = with_policy(make_deployment("web").build(), make_policy().selecting(region="eu").spec)
+    api_ = with_policy(make_deployment("api").build(), make_policy().spread("zone", 2).spec)
+    stuck = make_deployment("stuck").build()
+    agent = make_daemonset("agent").build()
+    index.apply(web.ref.key, placed(web, "c1"), 1)
+    index.apply(api_.ref.key, placed(api_, "c2", retiring=("c1",)), 2)
+    index.apply(stuck.ref.key, placed(stuck, schedulable=False), 3)
+    index.apply(agent.ref.key, placed(agent, "c1", "c2"), 4)
+
+    assert index.placed_on("c1") == {web.ref.key, api_.ref.key, agent.ref.key}
+    assert index.waiting() == {stuck.ref.key}
+    assert index.copies() == {agent.ref.key}
+    assert index.selecting({"region"}) == {web.ref.key}
+    assert index.selecting({"zone", "tier"}) == {api_.ref.key}
+    assert state.affected(index, "c1", state.Impact()) == set()
+    assert state.affected(index, "c2", state.Impact(placed=True)) == {api_.ref.key, agent.ref.key}
+    assert state.affected(index, "c9", state.Impact(opened=True)) == {
+        stuck.ref.key,
+        agent.ref.key,
+    }
+
+
+def test_index_ignores_older_news_and_forgets_deleted_objects() -> None:
+    index = state.Index()
+    web = make_deployment("web").build()
+    assert index.apply(web.ref.key, placed(web, "c1"), 5)
+    assert not index.apply(web.ref.key, placed(web, "c2"), 4)
+    assert index.placed_on("c1") == {web.ref.key}
+    assert index.apply(web.ref.key, placed(web, "c2"), 6)
+    assert index.placed_on("c1") == set()
+    assert index.placed_on("c2") == {web.ref.key}
+    assert index.apply(web.ref.key, None, 7)
+    assert index.placed_on("c2") == set()
+    assert index.get(web.ref.key) is None
+
+
+def test_a_partly_placed_split_is_pending() -> None:
+    index = state.Index()
+    web = make_deployment("web").build()
+    index.apply(web.ref.key, placed(web, "c1", pending=2), 1)
+    assert index.waiting() == {web.ref.key}
+
+
+def test_dependency_placements_pin_to_active_clusters_and_as_needed_pins_nothing() -> None:
+    index = state.Index()
+    pvc = make_pvc("data").build()
+    settings = make_configmap("settings").build()
+    pod = make_pod("p").depending_on("v1", "PersistentVolumeClaim", "data").build()
+    index.apply(pvc.ref.key, placed(pvc, "b", retiring=("a",)), 1)
+    index.apply(settings.ref.key, placed(settings), 2)
+    index.apply(pod.ref.key, placed(pod, "b"), 3)
+    assert index.dependency_placements([pvc.ref.key, settings.ref.key, "v1/X/_/nope"]) == {
+        pvc.ref.key: ["b"],
+        settings.ref.key: [],
+    }
+    assert index.dependents(pvc.ref.key) == {pod.ref.key}
+
+
+def test_clusters_view_keeps_the_newest() -> None:
+    view = state.Clusters()
+    one = records.ClusterRecord(name="c1", revision=3, cluster=make_cluster("c1").build())
+    view.apply("c1", one, 10)
+    assert not view.apply("c1", records.ClusterRecord(name="c1", cluster=None), 9)
+    assert [c.metadata.name for c in view.live()] == ["c1"]
+    view.apply("c1", records.ClusterRecord(name="c1", cluster=None), 11)
+    assert view.live() == []
+    assert view.version == 11
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "grew"),
+    [
+        (None, {"cpu": 1}, True),
+        ({"cpu": 1}, {"cpu": 1}, False),
+        ({"cpu": 2, "memory": 5}, {"cpu": 1, "memory": 6}, True),
+        ({"cpu": 2}, {"cpu": 1}, False),
+    ],
+    ids=["first news", "same", "one resource more", "less"],
+)
+def test_capacity_grew(before: dict[str, int] | None, after: dict[str, int], grew: bool) -> None:
+    assert state.capacity_grew(before, after) is grew
+
+
+def test_invalid_policy_is_a_readable_value_error() -> None:
+    with pytest.raises(ValueError, match="invalid placement policy: maxClusters"):
+        state.policy_of(
+            {"resourceSelectors": [{"apiVersion": "v1", "kind": "Pod"}], "maxClusters": "x"}
+        )
+    assert state.label_keys(None) == frozenset()
+    assert state.label_keys(
+        api.PlacementPolicySpec.model_validate(
+            make_policy().weighted(({"gpu": "a"}, 2)).selecting(region="eu").spec
+        )
+    ) == frozenset({"gpu", "region"})
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "apps/v1/Deployment/default/web",
+        "v1/Pod/_/x.y",
+        "example.com/v1beta1/Thing/ns/.odd..name.",
+        "v1/ConfigMap/ns/with space=and*star",
+    ],
+)
+def test_record_keys_round_trip_and_are_valid_kv_keys(key: str) -> None:
+    encoded = records.encode_key(key)
+    assert records.decode_key(encoded) == key
+    assert not encoded.startswith(".") and not encoded.endswith(".") and ".." not in encoded
+    assert all(c.isalnum() or c in "-/_=." for c in encoded)
