@@ -11,22 +11,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from flotilla.kubesim.server import KubeSim
 
+from . import builders
+
 
 def deployment(name: str, replicas: int = 1, image: str = "nginx:1") -> dict[str, Any]:
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": "default", "labels": labels},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {"containers": [{"name": "main", "image": image}]},
-            },
-        },
-    }
+    return builders.deployment(name, replicas, containers=[builders.container(image=image)])
 
 
 def status_of(exc: ApiException) -> tuple[int, str]:

@@ -17,6 +17,8 @@ from flotilla.kubesim.server import KubeSim
 from flotilla.kubesim.sim import SimOptions
 from flotilla.kubesim.testing import KubeSimFactory, api_client
 
+from . import builders
+
 pytestmark = pytest.mark.integration
 
 MEMBERS = ("us-east", "eu-west", "ap-south")
@@ -33,28 +35,12 @@ async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 10.0
 
 
 def deployment(name: str, replicas: int) -> dict[str, Any]:
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": "default", "labels": labels},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "nginx",
-                            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
-                        }
-                    ]
-                },
-            },
-        },
-    }
+    requests = {"cpu": "100m", "memory": "64Mi"}
+    return builders.deployment(
+        name,
+        replicas,
+        containers=[builders.container(image="nginx", resources={"requests": requests})],
+    )
 
 
 async def deployment_ready(apps: k8s.AppsV1Api, name: str, replicas: int) -> bool:

@@ -16,33 +16,20 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from flotilla.kubesim import patch as patches
 from flotilla.kubesim.server import KubeSim
 
+from . import builders
+
 
 def deployment(name: str = "web", replicas: int = 2) -> dict[str, Any]:
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": "default", "labels": labels},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "nginx:1",
-                            "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
-                            "ports": [{"containerPort": 80}],
-                        },
-                        {"name": "sidecar", "image": "envoy:1"},
-                    ],
-                    "tolerations": [{"key": "a", "operator": "Exists"}],
-                },
-            },
-        },
-    }
+    main = builders.container(
+        env=[{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
+        ports=[{"containerPort": 80}],
+    )
+    return builders.deployment(
+        name,
+        replicas,
+        containers=[main, builders.container("sidecar", "envoy:1")],
+        tolerations=[{"key": "a", "operator": "Exists"}],
+    )
 
 
 @pytest.mark.parametrize(
