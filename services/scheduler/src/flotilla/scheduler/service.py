@@ -1,0 +1,550 @@
+"""The scheduler service: the pure core (`flotilla.scheduler.core`) wired to the bus,
+the capacity cache and the durable placement records.
+
+Handlers (one `ConsumerSpec`, partitioned, so one key's events arrive in order):
+
+* ``ResourceAnalyzed`` — decide the object (or, when deleted, remove it).
+* ``RescheduleRequested`` — decide the object again from its stored record.
+* ``ClusterObserved`` — write the cluster to the clusters bucket (every replica
+  follows it), then send a ``RescheduleRequested`` to each object the change can
+  affect (`flotilla.scheduler.state`). Cluster events have the cluster's key, so
+  deciding the objects right here would break their per-key order and race their
+  partition owners; the command goes through the bus under each object's key
+  instead, and is handled in that object's order. Its id is derived from the
+  cluster revision, so a redelivered cluster event sends nothing new.
+* ``CapacityChanged`` — when a cluster has more room than this replica last saw,
+  send ``RescheduleRequested`` to the Pending objects.
+
+One decision (`Scheduler.decide`):
+
+1. read the placement record (the local index, which follows the bucket; after a
+   lost compare-and-set, the bucket itself); drop the event if the record has
+   acted on a newer hub revision;
+2. wait until this replica has taken in every cluster written so far, take one
+   capacity snapshot, run ``core.schedule``;
+3. if the placement changed, reserve the capacity of the new replicas atomically
+   in Redis (one reservation per object and cluster, id = object key, replaced on
+   every change, so a retry or a second replica never counts twice); a refused
+   reservation means someone else took the room: undo, take a fresh snapshot, decide
+   again;
+4. write the record by compare-and-set; a conflict undoes the reservations and
+   decides again from the record that won;
+5. release the reservations on clusters the object left, and publish
+   ``PlacementDecided`` with a deterministic message id.
+
+Only a changed placement is published. A redelivered event whose decision is
+already recorded (the service died between writing and acking) re-publishes the
+recorded ``PlacementDecided`` unchanged, which JetStream deduplicates. An object
+nothing can take is recorded as Pending and decided again only when a change that
+can help it arrives, never on a timer.
+
+Reservations hold every replica placed on a cluster until they expire
+(``reservation_ttl``); until then the member's own capacity report may count the
+same pods too. That errs on the side of not overcommitting; the syncer may release
+a reservation early once it has reported the pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from pydantic import Field
+
+from flotilla.common import api, events
+from flotilla.common.api import PlacementState
+from flotilla.common.bus import Bus, Handler
+from flotilla.common.capacity import CapacityCache
+from flotilla.common.config import Settings
+from flotilla.common.errors import InvalidObject, TemporaryError, Unavailable
+from flotilla.common.events import (
+    CapacityChanged,
+    ClusterObserved,
+    ClusterPlacement,
+    Envelope,
+    RescheduleRequested,
+    ResourceAnalyzed,
+)
+from flotilla.common.rediscapacity import RedisCapacityCache
+from flotilla.common.service import Runtime
+from flotilla.common.topology import ConsumerSpec
+from flotilla.scheduler import core, records, state
+from flotilla.scheduler.model import Decision, Fleet, SchedulingInput
+from flotilla.scheduler.records import ClusterRecord, Conflict, KeyValueStore, PlacementRecord
+
+log = logging.getLogger(__name__)
+
+SERVICE = "scheduler"
+
+CONSUMER = ConsumerSpec(
+    service=SERVICE,
+    event_types=("ResourceAnalyzed", "ClusterObserved", "CapacityChanged", "RescheduleRequested"),
+)
+
+MAX_ATTEMPTS = 8
+"""Decisions of one event before it is handed back to the bus (nak) to try later."""
+
+
+class SchedulerSettings(Settings):
+    """The scheduler's own settings (``FLOTILLA_RESERVATION_TTL`` …) on top of the common ones."""
+
+    reservation_ttl: float = Field(
+        default=300.0,
+        gt=0,
+        description="seconds a reservation holds capacity for replicas not yet reported",
+    )
+    sync_timeout: float = Field(
+        default=5.0,
+        gt=0,
+        description="how long a decision waits for this replica to see the newest clusters",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Cause:
+    """Why a decision is being made: the event, and what it asks for."""
+
+    event_id: str
+    uid: str
+    generation: int
+    revision: int
+    avoid: frozenset[str] = frozenset()
+
+
+class Scheduler:
+    """One replica's handlers and the state they share."""
+
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        cache: CapacityCache,
+        placements: KeyValueStore,
+        clusters: KeyValueStore,
+        reservation_ttl: float = 300.0,
+        sync_timeout: float = 5.0,
+    ) -> None:
+        self.bus = bus
+        self.cache = cache
+        self.placements = placements
+        self.clusters_store = clusters
+        self.reservation_ttl = reservation_ttl
+        self.sync_timeout = sync_timeout
+        self.index = state.Index()
+        self.clusters = state.Clusters()
+        self._index_ready = asyncio.Event()
+        self._clusters_ready = asyncio.Event()
+        self._clusters_changed = asyncio.Condition()
+        self._capacity_seen: dict[str, Mapping[str, int]] = {}
+        self.decisions = 0
+        """Decisions made (for the benchmark and tests); published or not."""
+
+    @classmethod
+    async def open(
+        cls,
+        bus: Bus,
+        cache: CapacityCache,
+        *,
+        reservation_ttl: float = 300.0,
+        sync_timeout: float = 5.0,
+    ) -> Scheduler:
+        placements_kv = await bus.bucket(bus.topology.placements_bucket)
+        clusters_kv = await bus.bucket(records.clusters_bucket(bus.topology))
+        return cls(
+            bus=bus,
+            cache=cache,
+            placements=records.placements(placements_kv),
+            clusters=records.clusters(clusters_kv),
+            reservation_ttl=reservation_ttl,
+            sync_timeout=sync_timeout,
+        )
+
+    @property
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "ResourceAnalyzed": self.on_resource_analyzed,
+            "RescheduleRequested": self.on_reschedule_requested,
+            "ClusterObserved": self.on_cluster_observed,
+            "CapacityChanged": self.on_capacity_changed,
+        }
+
+    # --- following the buckets ------------------------------------------------------
+
+    async def follow_placements(self) -> None:
+        """Keep the index equal to the placements bucket (run under `Runtime.spawn`)."""
+        async for key, record, version in self.placements.watch():
+            if not key:
+                self._index_ready.set()
+                continue
+            self.index.apply(key, record, version)
+
+    async def follow_clusters(self) -> None:
+        """Keep the cluster view equal to the clusters bucket (run under `Runtime.spawn`)."""
+        async for name, record, version in self.clusters_store.watch():
+            if name:
+                self.clusters.apply(name, record, version)
+            else:
+                self._clusters_ready.set()
+            async with self._clusters_changed:
+                self._clusters_changed.notify_all()
+
+    async def ready(self, timeout: float | None = None) -> None:
+        """Until both buckets have been read once."""
+        async with asyncio.timeout(timeout):
+            await self._index_ready.wait()
+            await self._clusters_ready.wait()
+
+    async def _sync_clusters(self) -> int:
+        """Wait until every cluster written so far is in the local view; its revision."""
+        try:
+            async with asyncio.timeout(self.sync_timeout):
+                await self.ready()
+                newest = await self.clusters_store.last_revision()
+                async with self._clusters_changed:
+                    await self._clusters_changed.wait_for(lambda: self.clusters.version >= newest)
+        except TimeoutError:
+            raise Unavailable("the cluster view is behind the clusters bucket") from None
+        return self.clusters.version
+
+    # --- handlers --------------------------------------------------------------------
+
+    async def on_resource_analyzed(self, envelope: Envelope) -> None:
+        analyzed = envelope.payload
+        assert isinstance(analyzed, ResourceAnalyzed)
+        metadata = analyzed.object.get("metadata") or {}
+        cause = Cause(
+            event_id=envelope.id,
+            uid=envelope.uid or str(metadata.get("uid") or ""),
+            generation=envelope.generation,
+            revision=envelope.revision,
+        )
+        await self.decide(analyzed.ref.key, analyzed, cause)
+
+    async def on_reschedule_requested(self, envelope: Envelope) -> None:
+        command = envelope.payload
+        assert isinstance(command, RescheduleRequested)
+        key = command.ref.key
+        await self.ready(self.sync_timeout)
+        entry = self.index.get(key)
+        stored = (entry.record, entry.version) if entry else await self.placements.get(key)
+        if stored is None or stored[0].deleted:
+            log.info("reschedule of %s ignored: nothing recorded for it", key)
+            return
+        record = stored[0]
+        cause = Cause(
+            event_id=envelope.id,
+            uid=record.uid,
+            generation=record.generation,
+            revision=record.revision,
+            avoid=frozenset(command.avoid_clusters),
+        )
+        await self.decide(key, record.analyzed, cause, reschedule=True)
+
+    async def on_cluster_observed(self, envelope: Envelope) -> None:
+        observed = envelope.payload
+        assert isinstance(observed, ClusterObserved)
+        name = observed.cluster
+        new: api.Cluster | None = None
+        if not observed.deleted:
+            try:
+                new = api.parse_as(api.Cluster, observed.object)
+            except api.InvalidObjectError as error:
+                raise InvalidObject(str(error), reason="InvalidCluster") from error
+        stored = await self.clusters_store.get(name)
+        old_record: ClusterRecord | None = stored[0] if stored else None
+        if old_record is not None and 0 < envelope.revision < old_record.revision:
+            log.info("stale ClusterObserved for %s dropped", name)
+            return
+        old = old_record.cluster if old_record else None
+        if not state.relevant(old, new):
+            return
+        record = ClusterRecord(name=name, revision=envelope.revision, cluster=new)
+        version = await self.clusters_store.write(name, record, last=stored[1] if stored else 0)
+        self.clusters.apply(name, record, version)
+        if observed.deleted:
+            # Whatever was reserved there can never be used; the records follow below.
+            with contextlib.suppress(Unavailable):
+                await self.cache.remove(name)
+        change = state.impact(old, new)
+        await self.index_ready()
+        keys = state.affected(self.index, name, change)
+        await self._request(keys, f"cluster {name} changed", dedupe=("cluster", name, version))
+
+    async def on_capacity_changed(self, envelope: Envelope) -> None:
+        changed = envelope.payload
+        assert isinstance(changed, CapacityChanged)
+        before = self._capacity_seen.get(changed.cluster)
+        self._capacity_seen[changed.cluster] = dict(changed.available)
+        if not state.capacity_grew(before, changed.available):
+            return
+        await self.index_ready()
+        await self._request(
+            self.index.waiting(),
+            f"more capacity on {changed.cluster}",
+            dedupe=("capacity", changed.cluster, envelope.id),
+        )
+
+    async def readiness(self) -> bool | str:
+        """For ``/readyz``: ready once both buckets have been read."""
+        if self._index_ready.is_set() and self._clusters_ready.is_set():
+            return True
+        return "placement records or clusters not loaded yet"
+
+    async def index_ready(self) -> None:
+        try:
+            async with asyncio.timeout(self.sync_timeout):
+                await self._index_ready.wait()
+        except TimeoutError:
+            raise Unavailable("the placement index has not been loaded yet") from None
+
+    async def _request(
+        self, keys: Iterable[str], reason: str, *, dedupe: tuple[object, ...]
+    ) -> None:
+        batch = []
+        for key in sorted(keys):
+            entry = self.index.get(key)
+            if entry is None:
+                continue
+            command = RescheduleRequested(ref=entry.record.analyzed.ref, reason=reason)
+            batch.append(
+                events.envelope(
+                    command,
+                    key=key,
+                    producer=self.bus.producer,
+                    uid=entry.record.uid,
+                    dedupe=dedupe,
+                )
+            )
+        if batch:
+            log.info("%s: re-evaluating %d objects", reason, len(batch))
+            await self.bus.publish_batch(batch)
+
+    # --- one decision ----------------------------------------------------------------
+
+    async def decide(
+        self, key: str, analyzed: ResourceAnalyzed, cause: Cause, *, reschedule: bool = False
+    ) -> None:
+        """Decide `key`, record it by compare-and-set, reserve, publish (module docstring)."""
+        try:
+            policy = state.policy_of(analyzed.policy_spec)
+        except ValueError as error:
+            raise InvalidObject(f"{key}: {error}", reason="InvalidPolicy") from error
+        await self.index_ready()
+        entry = self.index.get(key)
+        stored: tuple[PlacementRecord, int] | None = (
+            (entry.record, entry.version) if entry is not None else None
+        )
+        fresh_read = False
+        for _attempt in range(MAX_ATTEMPTS):
+            if stored is None and not fresh_read:
+                stored = await self.placements.get(key)
+                fresh_read = True
+            current, version = stored if stored is not None else (None, 0)
+            if current is not None:
+                if current.cause == cause.event_id:
+                    # Redelivered after the record was written: publish what was decided.
+                    await self._publish(current)
+                    return
+                if not reschedule and cause.revision < current.revision:
+                    log.info("stale %s (%d < %d) dropped", key, cause.revision, current.revision)
+                    return
+            view = await self._sync_clusters()
+            snapshot = await self.cache.snapshot()
+            previous = current.clusters if current is not None else ()
+            decision = core.schedule(
+                SchedulingInput(
+                    analyzed=analyzed,
+                    policy=policy,
+                    fleet=Fleet(self.clusters.live(), snapshot),
+                    now=datetime.now(UTC),
+                    previous=previous,
+                    dependency_placements=self.index.dependency_placements(
+                        state.dependency_keys(analyzed)
+                    ),
+                    avoid_clusters=cause.avoid,
+                )
+            )
+            self.decisions += 1
+            changed = current is None or _placement_changed(current, decision)
+            if (
+                not changed
+                and current is not None
+                and current.revision == cause.revision
+                and (current.analyzed == analyzed)
+            ):
+                return
+            reserved: list[str] = []
+            if changed:
+                ok, reserved = await self._reserve(key, analyzed, previous, decision.clusters)
+                if not ok:
+                    await self._undo(key, analyzed, previous, reserved)
+                    continue
+            decided = decision.to_event(previous) if changed or current is None else current.decided
+            record = PlacementRecord(
+                key=key,
+                uid=cause.uid,
+                generation=cause.generation,
+                revision=max(cause.revision, current.revision if current else 0),
+                analyzed=analyzed,
+                decided=decided,
+                schedulable=decision.schedulable
+                if changed or current is None
+                else current.schedulable,
+                pending=decision.pending if changed or current is None else current.pending,
+                cause=cause.event_id if changed else (current.cause if current else ""),
+            )
+            try:
+                written = await self.placements.write(key, record, last=version)
+            except Conflict:
+                await self._undo(key, analyzed, previous, reserved)
+                stored = await self.placements.get(key)
+                fresh_read = True
+                continue
+            self.index.apply(key, record, written)
+            if not changed:
+                return
+            await self._release_left(key, analyzed, previous, decision.clusters)
+            await self._publish(record)
+            followers = self.index.dependents(key)
+            if self.clusters.version != view:
+                followers.add(key)  # the fleet changed while deciding: look again
+            await self._request(
+                followers, f"placement of {key} changed", dedupe=("placement", key, written)
+            )
+            return
+        raise TemporaryError(f"{key}: no decision held after {MAX_ATTEMPTS} attempts", delay=1.0)
+
+    async def _publish(self, record: PlacementRecord) -> None:
+        await self.bus.publish(
+            events.envelope(
+                record.decided,
+                key=record.key,
+                producer=self.bus.producer,
+                uid=record.uid,
+                generation=record.generation,
+                revision=record.revision,
+                dedupe=(record.decided.decision_id,),
+            )
+        )
+
+    # --- reservations ---------------------------------------------------------------
+
+    async def _reserve(
+        self,
+        key: str,
+        analyzed: ResourceAnalyzed,
+        previous: Sequence[ClusterPlacement],
+        chosen: Sequence[ClusterPlacement],
+    ) -> tuple[bool, list[str]]:
+        """Claim room for every Active cluster whose replicas changed; (all held?, touched)."""
+        before = _active(previous)
+        touched: list[str] = []
+        for placement in chosen:
+            if placement.state is not PlacementState.ACTIVE:
+                continue
+            if before.get(placement.cluster, -1) == (placement.replicas or 0):
+                continue  # unchanged there: its reservation (or its pods) already count
+            for reservation_id, per_replica, count in _shapes(key, analyzed, placement):
+                touched.append(placement.cluster)
+                held = await self.cache.reserve(
+                    placement.cluster, reservation_id, per_replica, count, self.reservation_ttl
+                )
+                if not held:
+                    return False, touched
+        return True, touched
+
+    async def _undo(
+        self,
+        key: str,
+        analyzed: ResourceAnalyzed,
+        previous: Sequence[ClusterPlacement],
+        touched: Iterable[str],
+    ) -> None:
+        """Put the reservations touched by a decision that did not hold back as they were."""
+        before = {p.cluster: p for p in previous if p.state is PlacementState.ACTIVE}
+        for cluster in dict.fromkeys(touched):
+            placement = before.get(cluster)
+            if placement is None:
+                await self._release(key, analyzed, cluster)
+                continue
+            for reservation_id, per_replica, count in _shapes(key, analyzed, placement):
+                await self.cache.reserve(
+                    cluster, reservation_id, per_replica, count, self.reservation_ttl
+                )
+
+    async def _release_left(
+        self,
+        key: str,
+        analyzed: ResourceAnalyzed,
+        previous: Sequence[ClusterPlacement],
+        chosen: Sequence[ClusterPlacement],
+    ) -> None:
+        kept = {p.cluster for p in chosen}
+        for placement in previous:
+            if placement.cluster not in kept:
+                await self._release(key, analyzed, placement.cluster)
+
+    async def _release(self, key: str, analyzed: ResourceAnalyzed, cluster: str) -> None:
+        ids = [key] + [f"{key}#{c.name}" for c in analyzed.components]
+        for reservation_id in ids:
+            await self.cache.release(cluster, reservation_id)
+
+
+def _active(placements: Iterable[ClusterPlacement]) -> dict[str, int]:
+    return {p.cluster: p.replicas or 0 for p in placements if p.state is PlacementState.ACTIVE}
+
+
+def _shapes(
+    key: str, analyzed: ResourceAnalyzed, placement: ClusterPlacement
+) -> list[tuple[str, dict[str, int], int]]:
+    """(reservation id, per-replica requests, replicas) to hold for one placement.
+
+    A multi-component object reserves each component under its own id: one
+    reservation of the summed set would be judged against single nodes, where a
+    set that spans nodes never fits.
+    """
+    if analyzed.components:
+        return [
+            (f"{key}#{c.name}", dict(c.requests), c.replicas)
+            for c in analyzed.components
+            if c.replicas > 0
+        ]
+    replicas = placement.replicas if placement.replicas is not None else 1
+    if replicas <= 0:
+        return []
+    return [(key, dict(analyzed.requests), replicas)]
+
+
+def _placement_changed(current: PlacementRecord, decision: Decision) -> bool:
+    return (
+        tuple(current.decided.clusters) != tuple(decision.clusters)
+        or current.deleted != decision.deleted
+        or current.schedulable != decision.schedulable
+        or current.pending != decision.pending
+    )
+
+
+async def setup(rt: Runtime) -> None:
+    """Compose one replica: capacity cache, buckets, bucket followers, the consumer."""
+    settings = rt.settings
+    ttl = settings.reservation_ttl if isinstance(settings, SchedulerSettings) else 300.0
+    sync = settings.sync_timeout if isinstance(settings, SchedulerSettings) else 5.0
+    cache = RedisCapacityCache.from_url(settings.redis_url)
+    scheduler = await Scheduler.open(rt.bus, cache, reservation_ttl=ttl, sync_timeout=sync)
+
+    async def hold_cache() -> None:
+        # Closed when the runtime cancels its tasks on shutdown.
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await cache.aclose()
+
+    rt.spawn("capacity-cache", hold_cache)
+    rt.spawn("follow-placements", scheduler.follow_placements)
+    rt.spawn("follow-clusters", scheduler.follow_clusters)
+    rt.health.add_readiness_check("placements", scheduler.readiness)
+    rt.consume(CONSUMER, scheduler.handlers)

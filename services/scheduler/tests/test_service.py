@@ -1,0 +1,390 @@
+"""The scheduler service's handlers against a real NATS (KV + stream) and the fake
+capacity cache: records, reservations, what gets published, what a change re-evaluates.
+
+Handlers are called directly with envelopes, and the commands they send
+(``RescheduleRequested``) are read back from the stream and handed to the handler
+by the test, so every step is explicit and nothing depends on timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from flotilla.common import events
+from flotilla.common.bus import Bus
+from flotilla.common.capacity import FakeCapacityCache
+from flotilla.common.errors import InvalidObject
+from flotilla.common.events import (
+    CapacityChanged,
+    ClusterObserved,
+    Envelope,
+    PlacementDecided,
+    RescheduleRequested,
+    ResourceAnalyzed,
+)
+from flotilla.common.infra import NatsServer
+from flotilla.common.topology import Topology
+from flotilla.scheduler import records
+from flotilla.scheduler.records import PlacementRecord
+from flotilla.scheduler.service import Scheduler
+
+from .builders import ClusterBuilder, make_cluster, make_daemonset, make_deployment, make_policy
+
+pytestmark = pytest.mark.integration
+
+
+class Harness:
+    """One scheduler replica's handlers, fed by hand."""
+
+    def __init__(self, bus: Bus, scheduler: Scheduler, cache: FakeCapacityCache) -> None:
+        self.bus = bus
+        self.scheduler = scheduler
+        self.cache = cache
+        self.revision = 0
+        self.handled: set[str] = set()
+
+    def _next(self) -> int:
+        self.revision += 1
+        return self.revision
+
+    async def cluster(self, builder: ClusterBuilder, *, capacity: bool = True) -> None:
+        record = builder.record()
+        if capacity and record is not None:
+            await self.cache.put(record)
+        payload = ClusterObserved(
+            cluster=builder.name, object=builder.build().model_dump(mode="json", by_alias=True)
+        )
+        await self.handle(
+            events.envelope(payload, key=builder.name, producer="test", revision=self._next())
+        )
+
+    async def remove_cluster(self, name: str) -> None:
+        payload = ClusterObserved(cluster=name, object={}, deleted=True)
+        await self.handle(
+            events.envelope(payload, key=name, producer="test", revision=self._next())
+        )
+
+    def analyzed_event(self, analyzed: ResourceAnalyzed, revision: int | None = None) -> Envelope:
+        return events.envelope(
+            analyzed,
+            key=analyzed.ref.key,
+            producer="test",
+            uid=str(analyzed.object["metadata"]["uid"]),
+            revision=self._next() if revision is None else revision,
+        )
+
+    async def analyzed(self, analyzed: ResourceAnalyzed) -> Envelope:
+        envelope = self.analyzed_event(analyzed)
+        await self.handle(envelope)
+        return envelope
+
+    async def handle(self, envelope: Envelope) -> None:
+        await self.scheduler.handlers[envelope.type](envelope)
+
+    async def published(self, event_type: str) -> list[Envelope]:
+        return [e.envelope async for e in self.bus.replay(event_types=[event_type])]
+
+    async def decided(self, key: str | None = None) -> list[PlacementDecided]:
+        found = []
+        for envelope in await self.published("PlacementDecided"):
+            assert isinstance(envelope.payload, PlacementDecided)
+            if key is None or envelope.key == key:
+                found.append(envelope.payload)
+        return found
+
+    async def run_requests(self) -> list[str]:
+        """Hand every not yet handled ``RescheduleRequested`` to the scheduler; their keys."""
+        keys = []
+        for envelope in await self.published("RescheduleRequested"):
+            if envelope.id in self.handled:
+                continue
+            self.handled.add(envelope.id)
+            keys.append(envelope.key)
+            await self.handle(envelope)
+        return sorted(keys)
+
+    async def record(self, key: str) -> PlacementRecord:
+        stored = await self.scheduler.placements.get(key)
+        assert stored is not None
+        record = stored[0]
+        assert isinstance(record, PlacementRecord)
+        return record
+
+    def active(self, record: PlacementRecord) -> dict[str, int | None]:
+        return {p.cluster: p.replicas for p in record.clusters if p.state == "Active"}
+
+
+async def open_scheduler(
+    url: str, prefix: str, cache: FakeCapacityCache
+) -> tuple[Bus, Scheduler, list[asyncio.Task[None]]]:
+    bus = await Bus.connect(
+        url, topology=Topology(prefix=prefix, partitions=2), producer=f"scheduler/{prefix}"
+    )
+    scheduler = await Scheduler.open(bus, cache, reservation_ttl=600.0, sync_timeout=5.0)
+    tasks = [
+        asyncio.create_task(scheduler.follow_placements()),
+        asyncio.create_task(scheduler.follow_clusters()),
+    ]
+    await scheduler.ready(5.0)
+    return bus, scheduler, tasks
+
+
+async def close(bus: Bus, tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await bus.close()
+
+
+@pytest.fixture
+async def harness(nats_server: NatsServer, unique: str) -> AsyncIterator[Harness]:
+    cache = FakeCapacityCache()
+    bus, scheduler, tasks = await open_scheduler(nats_server.url, f"s{unique}", cache)
+    try:
+        yield Harness(bus, scheduler, cache)
+    finally:
+        await close(bus, tasks)
+
+
+def small(name: str, cpu: str = "1", labels: dict[str, str] | None = None) -> ClusterBuilder:
+    """A Ready cluster with one node of `cpu` CPUs."""
+    return make_cluster(name).with_labels(**(labels or {})).with_room(1, cpu=cpu, memory="64Gi")
+
+
+async def test_places_records_reserves_and_publishes_once(harness: Harness) -> None:
+    await harness.cluster(small("a", "2"))
+    await harness.cluster(small("b", "2"))
+    web = make_deployment("web", replicas=4).with_requests(cpu="500m").build()
+    envelope = await harness.analyzed(web)
+
+    record = await harness.record(web.ref.key)
+    assert harness.active(record) == {"a": 2, "b": 2}
+    assert [r.replicas for r in await harness.cache.reservations("a")] == [2]
+    assert [r.id for r in await harness.cache.reservations("b")] == [web.ref.key]
+    decided = await harness.decided(web.ref.key)
+    assert [d.decision_id for d in decided] == [record.decided.decision_id]
+    assert decided[0] == record.decided
+
+    # Redelivered: the recorded decision again, same id (JetStream drops the copy).
+    await harness.handle(envelope)
+    # The same object re-announced with the same placement: nothing new.
+    await harness.analyzed(web)
+    assert [d.decision_id for d in await harness.decided(web.ref.key)] == [
+        record.decided.decision_id
+    ]
+
+
+async def test_stale_event_is_dropped(harness: Harness) -> None:
+    await harness.cluster(small("a", "4"))
+    web = make_deployment("web", replicas=2).build()
+    await harness.handle(harness.analyzed_event(web, revision=10))
+    older = web.model_copy(update={"replicas": 7})
+    await harness.handle(harness.analyzed_event(older, revision=9))
+    record = await harness.record(web.ref.key)
+    assert harness.active(record) == {"a": 2}
+    assert record.revision == 10
+
+
+async def test_scale_up_reserves_the_new_count_and_publishes_previous(harness: Harness) -> None:
+    await harness.cluster(small("a", "4"))
+    web = make_deployment("web", replicas=2).with_requests(cpu="500m").build()
+    await harness.analyzed(web)
+    await harness.analyzed(web.model_copy(update={"replicas": 5}))
+    decided = await harness.decided(web.ref.key)
+    assert [[(p.cluster, p.replicas) for p in d.clusters] for d in decided] == [
+        [("a", 2)],
+        [("a", 5)],
+    ]
+    assert [(p.cluster, p.replicas) for p in decided[1].previous] == [("a", 2)]
+    assert [r.replicas for r in await harness.cache.reservations("a")] == [5]
+
+
+async def test_unschedulable_is_pending_and_retried_only_when_capacity_grows(
+    harness: Harness,
+) -> None:
+    await harness.cluster(small("a", "1"))
+    big = make_deployment("big", replicas=1).with_requests(cpu="2").build()
+    await harness.analyzed(big)
+    record = await harness.record(big.ref.key)
+    assert not record.schedulable and record.clusters == ()
+    assert record.decided.reason.startswith("no cluster can take it")
+    assert harness.scheduler.index.waiting() == {big.ref.key}
+
+    grown = CapacityChanged(cluster="a", available={"cpu": 4000}, allocatable={"cpu": 4000})
+    await harness.handle(events.envelope(grown, key="a", producer="test", revision=1))
+    # Same figures again: nothing is re-tried (no hot loop on periodic reports).
+    await harness.handle(events.envelope(grown, key="a", producer="test", revision=2))
+    await harness.cache.put(small("a", "4").record())  # type: ignore[arg-type]
+    assert await harness.run_requests() == [big.ref.key]
+    record = await harness.record(big.ref.key)
+    assert harness.active(record) == {"a": 1}
+    assert harness.scheduler.index.waiting() == set()
+    assert len(await harness.decided(big.ref.key)) == 2
+
+
+async def test_cordon_reevaluates_nothing_and_drain_moves_what_is_placed(
+    harness: Harness,
+) -> None:
+    await harness.cluster(small("a", "4"))
+    web = make_deployment("web", replicas=2).build()
+    await harness.analyzed(web)
+    await harness.cluster(small("b", "4"))
+    await harness.run_requests()  # a new cluster re-tries Pending and copy objects: none here
+    assert harness.active(await harness.record(web.ref.key)) == {"a": 2}
+
+    await harness.cluster(small("a", "4").cordoned())
+    assert await harness.run_requests() == []
+
+    await harness.cluster(small("a", "4").cordoned().draining())
+    assert await harness.run_requests() == [web.ref.key]
+    record = await harness.record(web.ref.key)
+    assert harness.active(record) == {"b": 2}
+    assert {p.cluster: p.state for p in record.clusters}["a"] == "Retiring"
+
+
+async def test_label_change_reevaluates_objects_whose_selector_mentions_it(
+    harness: Harness,
+) -> None:
+    await harness.cluster(small("a", "4", {"region": "eu", "tier": "gold"}))
+    await harness.cluster(small("b", "4", {"region": "us", "tier": "gold"}))
+    eu = make_deployment("eu", replicas=1).build()
+    eu = eu.model_copy(update={"policy_spec": make_policy().selecting(region="eu").spec})
+    free = make_deployment("free", replicas=1).build()
+    await harness.analyzed(eu)
+    await harness.analyzed(free)
+    assert harness.active(await harness.record(eu.ref.key)) == {"a": 1}
+
+    await harness.cluster(small("a", "4", {"region": "eu", "tier": "silver"}))
+    assert await harness.run_requests() == []
+    await harness.cluster(small("a", "4", {"region": "us"}))
+    await harness.cluster(small("b", "4", {"region": "eu"}))
+    assert set(await harness.run_requests()) == {eu.ref.key}
+    assert harness.active(await harness.record(eu.ref.key)) == {"b": 1}
+
+
+async def test_new_cluster_gets_a_copy(harness: Harness) -> None:
+    await harness.cluster(small("a", "4"))
+    agent = make_daemonset("agent").build()
+    await harness.analyzed(agent)
+    assert set(harness.active(await harness.record(agent.ref.key))) == {"a"}
+    await harness.cluster(small("b", "4"))
+    assert await harness.run_requests() == [agent.ref.key]
+    assert set(harness.active(await harness.record(agent.ref.key))) == {"a", "b"}
+
+
+async def test_refused_reservation_redecides_with_a_fresh_snapshot(harness: Harness) -> None:
+    await harness.cluster(small("a", "8"))
+    await harness.cluster(small("b", "2"))
+    # Someone else (another replica) holds all of "a" by the time we reserve, though
+    # the snapshot we decide from first still shows it free.
+    real_snapshot = harness.cache.snapshot
+    calls = 0
+
+    async def stale_once(clusters: Any = None) -> Any:
+        nonlocal calls
+        calls += 1
+        snap = await real_snapshot(clusters)
+        if calls == 1:
+            await harness.cache.reserve("a", "someone-else", {"cpu": 8000}, 1, 600)
+        return snap
+
+    harness.cache.snapshot = stale_once  # type: ignore[method-assign]
+    pod = make_deployment("p", replicas=1).with_requests(cpu="1500m").build()
+    await harness.analyzed(pod)
+    assert calls == 2
+    record = await harness.record(pod.ref.key)
+    assert harness.active(record) == {"b": 1}
+    assert [r.id for r in await harness.cache.reservations("a")] == ["someone-else"]
+
+
+async def test_deleted_object_releases_its_reservations(harness: Harness) -> None:
+    await harness.cluster(small("a", "4"))
+    web = make_deployment("web", replicas=2).build()
+    await harness.analyzed(web)
+    assert await harness.cache.reservations("a")
+    await harness.analyzed(web.model_copy(update={"deleted": True}))
+    assert await harness.cache.reservations("a") == []
+    decided = await harness.decided(web.ref.key)
+    assert decided[-1].deleted and decided[-1].clusters == []
+    # A reschedule for a deleted object does nothing.
+    command = RescheduleRequested(ref=web.ref, reason="test")
+    await harness.handle(events.envelope(command, key=web.ref.key, producer="test"))
+    assert len(await harness.decided(web.ref.key)) == 2
+
+
+async def test_removed_cluster_moves_its_objects(harness: Harness) -> None:
+    await harness.cluster(small("a", "4"))
+    web = make_deployment("web", replicas=2).build()
+    await harness.analyzed(web)
+    await harness.cluster(small("b", "4"))
+    await harness.run_requests()
+    await harness.remove_cluster("a")
+    assert await harness.run_requests() == [web.ref.key]
+    record = await harness.record(web.ref.key)
+    assert [p.cluster for p in record.clusters] == ["b"]
+
+
+async def test_invalid_policy_is_permanent(harness: Harness) -> None:
+    await harness.cluster(small("a", "4"))
+    bad = make_deployment("bad").build().model_copy(update={"policy_spec": {"maxClusters": 1}})
+    with pytest.raises(InvalidObject, match="resourceSelectors"):
+        await harness.analyzed(bad)
+
+
+async def test_lost_compare_and_set_redecides_from_the_winner(
+    nats_server: NatsServer, unique: str
+) -> None:
+    """Two replicas decide the same object from the same record; one write wins and
+    the other decides again from it instead of overwriting it."""
+    cache = FakeCapacityCache()
+    prefix = f"s{unique}"
+    one = await open_scheduler(nats_server.url, prefix, cache)
+    two = await open_scheduler(nats_server.url, prefix, cache)
+    try:
+        first = Harness(one[0], one[1], cache)
+        second = Harness(two[0], two[1], cache)
+        await first.cluster(small("a", "8"))
+        web = make_deployment("web", replicas=2).build()
+        await first.analyzed(web)
+        stored = await first.scheduler.placements.get(web.ref.key)
+        assert stored is not None
+        # Replica two has not seen replica one's write yet (its index is behind).
+        second.scheduler.index.entries.pop(web.ref.key, None)
+        await second.handle(second.analyzed_event(web.model_copy(update={"replicas": 3}), 50))
+        record = await second.record(web.ref.key)
+        assert harness_active(record) == {"a": 3}
+        decided = await first.decided(web.ref.key)
+        assert [[(p.cluster, p.replicas) for p in d.previous] for d in decided] == [
+            [],
+            [("a", 2)],
+        ]
+    finally:
+        await close(one[0], one[2])
+        await close(two[0], two[2])
+
+
+def harness_active(record: PlacementRecord) -> dict[str, int | None]:
+    return {p.cluster: p.replicas for p in record.clusters if p.state == "Active"}
+
+
+async def test_record_conflict_is_raised(nats_server: NatsServer, unique: str) -> None:
+    bus = await Bus.connect(
+        nats_server.url, topology=Topology(prefix=f"r{unique}", partitions=1), producer="t"
+    )
+    try:
+        store = records.clusters(await bus.bucket(records.clusters_bucket(bus.topology)))
+        record = records.ClusterRecord(name="x", cluster=None)
+        first = await store.write("x", record, last=0)
+        with pytest.raises(records.Conflict):
+            await store.write("x", record, last=0)
+        second = await store.write("x", record, last=first)
+        with pytest.raises(records.Conflict):
+            await store.write("x", record, last=first)
+        assert await store.get("x") == (record, second)
+        assert await store.get("missing") is None
+    finally:
+        await bus.close()
