@@ -1,0 +1,12 @@
+"""``python -m flotilla.depdetector``: the dependency detector service process."""
+
+from flotilla.common import service
+from flotilla.depdetector.service import setup
+
+
+def main() -> None:
+    service.main("depdetector", setup)
+
+
+if __name__ == "__main__":
+    main()

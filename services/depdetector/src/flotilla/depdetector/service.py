@@ -1,0 +1,397 @@
+"""The dependency detector service: `ResourceObserved` in, `ResourceAnalyzed` out.
+
+For each observed object it reads the object through its interpreter (strategy,
+replicas, per-replica requests, components), detects what the object depends on,
+merges that with the user's own ``flotilla.io/dependencies`` entries, writes the
+merged list back to the hub object when it differs, and publishes the analysis.
+The pure work is `interpreters` and `detection`; this module is the edge: bus
+handlers, the hub writes and Kubernetes Events.
+
+Decisions where the brief is silent:
+
+* **Strategy** in the analysis is the effective one: the object's
+  ``flotilla.io/strategy`` annotation, else the governing policy's ``strategy``,
+  else the interpreter's default.
+* **The annotation write** is a merge patch of that one annotation carrying the
+  observed ``resourceVersion`` as a precondition, so a concurrent edit of the
+  user's entries is never overwritten with stale ones. On 409 the object is read
+  again and the value recomputed from the fresh copy (a few times, then the
+  event is retried later). A 404 skips the write: the deletion event follows.
+  The write happens before the event is published, so an acknowledged event
+  means the annotation is durable.
+* **Missing dependencies** (not found, or of a type the hub does not serve —
+  e.g. a user entry naming a Crossplane ``Database`` that is not installed) are
+  listed in one ``DependencyMissing`` Warning Event per object and analysis goes
+  on: the dependency may be created later, and the transformer syncs what exists.
+* **Invalid input** (a bad strategy annotation, an unparseable dependencies
+  annotation, an invalid ResourceInterpreter) is a Warning Event saying what to
+  fix and `InvalidObject`, so the bus dead-letters that one message while other
+  objects keep flowing. A fixed object is a new observation and flows again.
+* **Interpreters**: every replica lists the hub's ResourceInterpreters at start,
+  then applies the `ConfigChanged` events it consumes. (With several replicas an
+  interpreter change reaches only the replica owning its key's partition until
+  the others restart — a known limit, see the issue 4 report.)
+* **Stale events**: an observation with a lower revision than one already
+  analysed for the same object (same uid) on this replica is acknowledged and
+  dropped (ARCHITECTURE.md principle 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, NoReturn
+
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.dynamic import DynamicClient
+
+from flotilla.common import events, kube
+from flotilla.common.api import (
+    API_VERSION,
+    DEPENDENCIES_ANNOTATION,
+    DependencyEntry,
+    GroupVersionKind,
+    InvalidObjectError,
+    ResourceInterpreter,
+    Strategy,
+    dump_dependencies,
+    parse_as,
+    parse_strategy,
+)
+from flotilla.common.bus import Bus, Handler
+from flotilla.common.errors import FlotillaError, InvalidObject, Unavailable
+from flotilla.common.events import Envelope, ObjectRef
+from flotilla.common.service import Runtime
+from flotilla.common.topology import ConsumerSpec
+from flotilla.depdetector import detection
+from flotilla.depdetector.interpreters import (
+    DuplicateInterpreterError,
+    Interpretation,
+    InterpretationError,
+    Interpreter,
+    InvalidInterpreterError,
+    Registry,
+)
+
+log = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+
+COMPONENT = "flotilla-depdetector"
+CONSUMER = ConsumerSpec(service="depdetector", event_types=("ResourceObserved", "ConfigChanged"))
+WRITE_ATTEMPTS = 5
+MERGE_PATCH = "application/merge-patch+json"
+INTERPRETER_KIND = "ResourceInterpreter"
+
+
+def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    metadata = obj.get("metadata")
+    return metadata if isinstance(metadata, Mapping) else {}
+
+
+def checked(result: Any) -> JsonObject:
+    """A DynamicClient result as a dict, or the `ApiException` it stands for.
+
+    kubernetes_asyncio's DynamicClient requests without preloading, and its REST
+    layer only raises for non-2xx answers when it preloads: a 404 or 409 comes back
+    as a ``Status`` object instead of an exception. This restores the exception.
+    """
+    body: JsonObject = result.to_dict() if hasattr(result, "to_dict") else dict(result)
+    if body.get("kind") == "Status" and body.get("status") == "Failure":
+        exc = ApiException(status=int(body.get("code") or 500), reason=str(body.get("reason")))
+        exc.body = json.dumps(body).encode()
+        raise exc
+    return body
+
+
+def _annotation(obj: Mapping[str, Any]) -> str | None:
+    annotations = _metadata(obj).get("annotations")
+    if not isinstance(annotations, Mapping):
+        return None
+    value = annotations.get(DEPENDENCIES_ANNOTATION)
+    return value if isinstance(value, str) else None
+
+
+def effective_strategy(interpretation: Interpretation, policy_spec: JsonObject | None) -> Strategy:
+    """Annotation, else the policy's strategy, else the interpreter's default."""
+    if interpretation.strategy_from_annotation:
+        return interpretation.strategy
+    declared = (policy_spec or {}).get("strategy")
+    if isinstance(declared, str):
+        try:
+            return parse_strategy(declared)
+        except ValueError:
+            pass  # the watcher only forwards policies that validated
+    return interpretation.strategy
+
+
+def analysis(
+    observed: events.ResourceObserved,
+    interpretation: Interpretation,
+    dependencies: list[DependencyEntry],
+) -> events.ResourceAnalyzed:
+    return events.ResourceAnalyzed(
+        ref=observed.ref,
+        object=observed.object,
+        strategy=effective_strategy(interpretation, observed.policy_spec),
+        replicas=interpretation.replicas,
+        requests=interpretation.requests,
+        components=[
+            events.Component(name=c.name, replicas=c.replicas, requests=c.requests)
+            for c in interpretation.components
+        ],
+        dependencies=[
+            events.Dependency(
+                api_version=d.api_version,
+                kind=d.kind,
+                name=d.name,
+                namespace=d.namespace,
+                detected=d.detected,
+            )
+            for d in dependencies
+        ],
+        policy=observed.policy,
+        policy_spec=observed.policy_spec,
+    )
+
+
+class Detector:
+    """The handlers, with the registry and the hub connection they share."""
+
+    def __init__(self, bus: Bus, api: ApiClient, dyn: DynamicClient) -> None:
+        self.bus = bus
+        self.api = api
+        self.dyn = dyn
+        self.registry = Registry.with_builtins()
+        self.recorder = kube.EventRecorder(api, COMPONENT)
+        self._interpreter_types: dict[str, GroupVersionKind] = {}
+        self._revisions: dict[str, tuple[str, int]] = {}
+
+    @property
+    def handlers(self) -> dict[str, Handler]:
+        return {"ResourceObserved": self.on_resource_observed, "ConfigChanged": self.on_changed}
+
+    # -- interpreters ----------------------------------------------------------------
+
+    async def load_interpreters(self) -> None:
+        """Register every ResourceInterpreter the hub holds (bad ones are reported)."""
+        resource = await kube.resource_for(self.dyn, API_VERSION, INTERPRETER_KIND)
+        try:
+            listed = checked(await self.dyn.get(resource))
+        except Exception as exc:
+            raise kube.translate(exc) from exc
+        for item in listed.get("items") or []:
+            item.setdefault("apiVersion", API_VERSION)
+            item.setdefault("kind", INTERPRETER_KIND)
+            with contextlib.suppress(InvalidObject):
+                await self._register(item)
+
+    async def on_changed(self, envelope: Envelope) -> None:
+        payload = envelope.payload
+        assert isinstance(payload, events.ConfigChanged)
+        if payload.ref.api_version != API_VERSION or payload.ref.kind != INTERPRETER_KIND:
+            return
+        previous = self._interpreter_types.pop(payload.ref.name, None)
+        if previous is not None:
+            self.registry.unregister(previous)
+        if not payload.deleted:
+            await self._register(payload.object)
+
+    async def _register(self, obj: JsonObject) -> None:
+        try:
+            interpreter = self.registry.register(parse_as(ResourceInterpreter, obj))
+        except (InvalidObjectError, InvalidInterpreterError, DuplicateInterpreterError) as exc:
+            await self._reject(obj, "InvalidInterpreter", str(exc))
+        name = str(_metadata(obj).get("name"))
+        self._interpreter_types[name] = interpreter.gvk
+        log.info("interpreter %s registered for %s", name, interpreter.gvk)
+
+    # -- resources -------------------------------------------------------------------
+
+    async def on_resource_observed(self, envelope: Envelope) -> None:
+        observed = envelope.payload
+        assert isinstance(observed, events.ResourceObserved)
+        if self._is_stale(envelope):
+            log.info("dropping stale observation of %s at %d", envelope.key, envelope.revision)
+            return
+        obj = observed.object
+        interpreter = self.registry.for_object(obj)
+        if observed.deleted:
+            deleted = events.ResourceAnalyzed(
+                ref=observed.ref,
+                object=obj,
+                deleted=True,
+                strategy=interpreter.spec.strategy,
+                policy=observed.policy,
+                policy_spec=observed.policy_spec,
+            )
+            await self._publish(envelope, deleted)
+            return
+        try:
+            interpretation = interpreter.interpret(obj)
+        except InterpretationError as exc:
+            await self._reject(obj, "InvalidObject", str(exc))
+        try:
+            user_entries = detection.user_dependencies(obj)
+        except ValueError as exc:
+            await self._reject(
+                obj,
+                "InvalidDependencies",
+                f'{exc}; write a JSON list of {{"apiVersion","kind","name","namespace"?}} objects',
+            )
+        merged = self._merge(obj, user_entries, interpreter)
+        await self._write_annotation(observed.ref, obj, dump_dependencies(merged), interpreter)
+        await self._report_missing(obj, merged)
+        await self._publish(envelope, analysis(observed, interpretation, merged))
+
+    def _is_stale(self, envelope: Envelope) -> bool:
+        seen = self._revisions.get(envelope.key)
+        if seen is not None and seen[0] == envelope.uid and envelope.revision < seen[1]:
+            return True
+        self._revisions[envelope.key] = (envelope.uid, envelope.revision)
+        return False
+
+    @staticmethod
+    def _merge(
+        obj: Mapping[str, Any], user_entries: list[DependencyEntry], interpreter: Interpreter
+    ) -> list[DependencyEntry]:
+        namespace = _metadata(obj).get("namespace")
+        return detection.merge_dependencies(
+            user_entries,
+            detection.detect(obj, interpreter),
+            namespace=namespace if isinstance(namespace, str) else None,
+        )
+
+    async def _publish(self, observed: Envelope, payload: events.ResourceAnalyzed) -> None:
+        await self.bus.publish(
+            events.envelope(
+                payload,
+                key=observed.key,
+                producer=self.bus.producer,
+                uid=observed.uid,
+                generation=observed.generation,
+                revision=observed.revision,
+                dedupe=(observed.id,),
+            )
+        )
+
+    async def _reject(self, obj: Mapping[str, Any], reason: str, message: str) -> NoReturn:
+        """Tell the user what to fix, then dead-letter the event."""
+        with contextlib.suppress(FlotillaError):
+            await self.recorder.warning(dict(obj), reason, message)
+        raise InvalidObject(message, reason=reason)
+
+    # -- hub I/O ---------------------------------------------------------------------
+
+    async def _write_annotation(
+        self, ref: ObjectRef, obj: Mapping[str, Any], value: str, interpreter: Interpreter
+    ) -> None:
+        """Merge-patch the annotation when it differs, retrying conflicts on a fresh read."""
+        resource = await kube.resource_for(self.dyn, ref.api_version, ref.kind)
+        current: Mapping[str, Any] = obj
+        for _ in range(WRITE_ATTEMPTS):
+            if _annotation(current) == value:
+                return
+            patch = {
+                "metadata": {
+                    "annotations": {DEPENDENCIES_ANNOTATION: value},
+                    "resourceVersion": _metadata(current).get("resourceVersion"),
+                }
+            }
+            try:
+                checked(
+                    await self.dyn.patch(
+                        resource,
+                        patch,
+                        name=ref.name,
+                        namespace=ref.namespace,
+                        content_type=MERGE_PATCH,
+                    )
+                )
+                return
+            except ApiException as exc:
+                if exc.status == 404:
+                    return  # deleted meanwhile; its deletion event follows
+                if exc.status != 409:
+                    raise kube.translate(exc) from exc
+            except Exception as exc:
+                raise kube.translate(exc) from exc
+            fresh = await self._get(resource, ref.name, ref.namespace)
+            if fresh is None:
+                return
+            try:
+                user_entries = detection.user_dependencies(fresh)
+            except ValueError:
+                return  # the user is editing it; that edit is its own observation
+            current = fresh
+            value = dump_dependencies(self._merge(fresh, user_entries, interpreter))
+        raise Unavailable(f"{ref.key}: the object kept changing under the annotation write")
+
+    async def _get(self, resource: Any, name: str, namespace: str | None) -> JsonObject | None:
+        try:
+            return checked(
+                await self.dyn.get(
+                    resource, name=name, namespace=namespace if resource.namespaced else None
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise kube.translate(exc) from exc
+        except Exception as exc:
+            raise kube.translate(exc) from exc
+
+    async def _report_missing(self, obj: Mapping[str, Any], entries: list[DependencyEntry]) -> None:
+        missing = []
+        for entry in entries:
+            try:
+                resource = await kube.resource_for(self.dyn, entry.api_version, entry.kind)
+            except InvalidObject:
+                missing.append(f"{_describe(entry)} (the hub does not serve this type)")
+                continue
+            if await self._get(resource, entry.name, entry.namespace) is None:
+                missing.append(_describe(entry))
+        if missing:
+            await self.recorder.warning(
+                dict(obj),
+                "DependencyMissing",
+                "depends on objects that do not exist in the hub, so they cannot be synced "
+                f"to its clusters: {', '.join(missing)}",
+            )
+
+
+def _describe(entry: DependencyEntry) -> str:
+    where = f"{entry.namespace}/" if entry.namespace else ""
+    return f"{entry.kind} {where}{entry.name} ({entry.api_version})"
+
+
+@contextlib.asynccontextmanager
+async def running(rt: Runtime, api: ApiClient) -> AsyncIterator[Detector]:
+    """The detector consuming on `rt` with the hub client `api` (kept open by the caller)."""
+    async with DynamicClient(api) as dyn:
+        detector = Detector(rt.bus, api, dyn)
+        await detector.load_interpreters()
+        rt.consume(CONSUMER, detector.handlers)
+        yield detector
+
+
+async def setup(rt: Runtime) -> None:
+    """`service.main` hook: consume with a hub client that lives as long as the service."""
+    api = await kube.client_from_kubeconfig(rt.settings.hub_kubeconfig)
+    dyn = await DynamicClient(api)
+    detector = Detector(rt.bus, api, dyn)
+    await detector.load_interpreters()
+    rt.consume(CONSUMER, detector.handlers)
+
+    async def hold_client() -> None:
+        # A spawned task is cancelled at shutdown: that is when the client closes.
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await api.close()
+
+    rt.spawn("hub-client", hold_client)

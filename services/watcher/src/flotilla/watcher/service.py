@@ -1,0 +1,311 @@
+"""The watcher service: hub watch streams in, `ResourceObserved` / `ClusterObserved` /
+`ConfigChanged` out.
+
+Composition: one `watching.TypeWatch` per hub type, all delivering into one
+`Watcher` (the `watching.Sink`), which decides with `observations` what to
+publish, publishes it on the bus, and keeps `state` (records and positions)
+durable in JetStream KV.
+
+Which types are watched:
+
+* always: `Cluster`, the two policy kinds, `ResourceInterpreter` and the two
+  transformation kinds. These are listed on every start (they are few and the
+  policies must be known completely before any user object can be matched);
+  their records keep a restart from republishing what did not change.
+* every type some policy selects (`matching.selected_types`). These resume from
+  their durable position. The set follows the policies at runtime: a policy for a
+  new type starts its watch; when the last policy for a type goes, its objects
+  are re-matched once (each is published with ``policy: null``) and its watch
+  and position are dropped.
+
+Whenever the policies change — at runtime, or while the watcher was down (seen
+as a change of the policy records at start) — every watched user type is
+re-listed and re-matched, because an object's governing policy may change
+without the object changing. Fingerprints make this cheap: only objects whose
+policy or policy spec changed are published.
+
+Events of all types are applied under one lock: they are few per second in a
+hub, and one order of record updates keeps deletions found by re-listing from
+racing the watch that would report the same object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.dynamic import DynamicClient
+
+from flotilla.common import events, kube
+from flotilla.common.api import (
+    API_VERSION,
+    ClusterPlacementPolicy,
+    GroupVersionKind,
+    InvalidObjectError,
+    PlacementPolicy,
+    parse_as,
+)
+from flotilla.common.bus import Bus
+from flotilla.common.errors import FlotillaError, InvalidObject
+from flotilla.common.events import ObjectRef
+from flotilla.common.service import Runtime, guarded
+from flotilla.watcher import matching, observations
+from flotilla.watcher.matching import Policy
+from flotilla.watcher.observations import CLUSTER_KIND, CONFIG_KINDS, POLICY_KINDS, Change, Record
+from flotilla.watcher.state import WatchState
+from flotilla.watcher.watching import TypeClient, TypeWatch
+
+log = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+
+COMPONENT = "flotilla-watcher"
+CONFIG_TYPES = tuple(
+    GroupVersionKind.from_api_version(API_VERSION, kind)
+    for kind in (CLUSTER_KIND, *sorted(CONFIG_KINDS))
+)
+POLICY_TYPES = tuple(gvk for gvk in CONFIG_TYPES if gvk.kind in POLICY_KINDS)
+SYNC_TIMEOUT = 60.0
+UNSERVED_RETRY = 5.0
+"""Seconds before a selected type the hub does not serve is looked up again."""
+
+
+class Watcher:
+    """Decides, publishes and remembers; owns the per-type watch tasks."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        api: ApiClient,
+        dyn: DynamicClient,
+        state: WatchState,
+        records: dict[str, Record],
+    ) -> None:
+        self.bus = bus
+        self.api = api
+        self.dyn = dyn
+        self.state = state
+        self.records = records
+        self.recorder = kube.EventRecorder(api, COMPONENT)
+        self.producer = bus.producer
+        self.policies: dict[str, Policy] = {}
+        self.watches: dict[GroupVersionKind, tuple[TypeWatch, asyncio.Task[None]]] = {}
+        self._lock = asyncio.Lock()
+        self._retry: asyncio.Task[None] | None = None
+        self._policies_dirty = asyncio.Event()
+        self.started = asyncio.Event()
+        """Set once the policies are known and the user watches they select started."""
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Until cancelled: config watches, then the user types the policies select."""
+        try:
+            for gvk in CONFIG_TYPES:
+                await self._start_watch(gvk, resume=False)
+            for gvk in POLICY_TYPES:
+                await asyncio.wait_for(self.watches[gvk][0].synced.wait(), SYNC_TIMEOUT)
+            changed_while_down = self._policies_dirty.is_set()
+            self._policies_dirty.clear()
+            await self._apply_policies(relist=changed_while_down)
+            self.started.set()
+            while True:
+                await self._policies_dirty.wait()
+                self._policies_dirty.clear()
+                await self._apply_policies(relist=True)
+        finally:
+            tasks = [task for _, task in self.watches.values()]
+            if self._retry is not None:
+                tasks.append(self._retry)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.watches.clear()
+
+    @property
+    def watched_types(self) -> list[GroupVersionKind]:
+        """User types currently watched (config types excluded)."""
+        return sorted(gvk for gvk in self.watches if gvk not in CONFIG_TYPES)
+
+    async def _start_watch(self, gvk: GroupVersionKind, *, resume: bool) -> TypeWatch:
+        client = await TypeClient.discover(self.api, self.dyn, gvk)
+        watch = TypeWatch(client, self, self.state, resume=resume)
+        task = asyncio.create_task(guarded(f"watch {gvk}", watch.run), name=f"watch {gvk}")
+        self.watches[gvk] = (watch, task)
+        log.info("watching %s", gvk)
+        return watch
+
+    async def _stop_watch(self, gvk: GroupVersionKind) -> None:
+        _, task = self.watches.pop(gvk)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        log.info("stopped watching %s", gvk)
+
+    async def _apply_policies(self, *, relist: bool) -> None:
+        """Start and stop user watches to match the policies; re-match on change."""
+        wanted = set(matching.selected_types(self.policies.values()))
+        current = set(self.watched_types)
+        for gvk in sorted(current - wanted):
+            await self._stop_watch(gvk)
+            # Re-match what we published of this type: each is now unselected.
+            await self._relist(gvk)
+            await self.state.forget_position(gvk)
+        for gvk in sorted(wanted - current):
+            try:
+                await self._start_watch(gvk, resume=True)
+            except InvalidObject as exc:
+                # The type is not served (yet): a CRD created after its policy.
+                # The next policy change retries; report it on the policies meanwhile.
+                await self._warn_policies(gvk, str(exc))
+        if relist:
+            # Every watched type, resumed ones included: objects that did not change
+            # may still have another policy now.
+            for gvk in sorted(wanted & set(self.watched_types)):
+                await self._relist(gvk)
+        if wanted - set(self.watched_types):
+            self._retry_later()
+
+    def _retry_later(self) -> None:
+        """Try types that were not served again after a while (their CRD may come)."""
+        if self._retry is None or self._retry.done():
+            self._retry = asyncio.create_task(self._mark_dirty_after(UNSERVED_RETRY))
+
+    async def _mark_dirty_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        self._mark_policies_dirty()
+
+    async def _relist(self, gvk: GroupVersionKind) -> None:
+        try:
+            client = await TypeClient.discover(self.api, self.dyn, gvk)
+        except InvalidObject:
+            items: list[JsonObject] = []
+            revision = 0
+        else:
+            listed, resource_version = await client.list()
+            items, revision = listed, int(resource_version or 0)
+        await self.relisted(gvk, items, revision)
+
+    async def _warn_policies(self, gvk: GroupVersionKind, message: str) -> None:
+        for policy in self.policies.values():
+            if any(s.gvk == gvk for s in policy.spec.resource_selectors):
+                raw = policy.model_dump(mode="json", by_alias=True, exclude_none=True)
+                with contextlib.suppress(FlotillaError):
+                    await self.recorder.warning(raw, "UnknownType", message)
+
+    # -- the sink ------------------------------------------------------------------
+
+    async def relisted(self, gvk: GroupVersionKind, items: list[JsonObject], revision: int) -> None:
+        listed = set()
+        for obj in items:
+            listed.add(ObjectRef.of(obj).key)
+            await self.changed(gvk, obj)
+        async with self._lock:
+            gone = [
+                record
+                for key, record in self.records.items()
+                if record.gvk == gvk and key not in listed and record.revision <= revision
+            ]
+            for record in gone:
+                await self._deleted(gvk, record.stub, revision)
+
+    async def changed(self, gvk: GroupVersionKind, obj: JsonObject) -> None:
+        async with self._lock:
+            key = ObjectRef.of(obj).key
+            known = self.records.get(key)
+            if gvk in CONFIG_TYPES:
+                change = observations.config_observed(obj, known)
+                if obj.get("kind") in POLICY_KINDS:
+                    await self._policy_changed(key, obj)
+            else:
+                change = observations.resource_observed(obj, self.policies.values(), known)
+            await self._apply(change)
+
+    async def deleted(self, gvk: GroupVersionKind, obj: JsonObject) -> None:
+        async with self._lock:
+            await self._deleted(gvk, obj, observations.revision_of(obj))
+
+    async def _deleted(self, gvk: GroupVersionKind, obj: Mapping[str, Any], revision: int) -> None:
+        key = ObjectRef.of(dict(obj)).key
+        known = self.records.get(key)
+        if gvk in CONFIG_TYPES:
+            change = observations.config_deleted(obj, known, revision)
+            if obj.get("kind") in POLICY_KINDS and self.policies.pop(key, None) is not None:
+                self._mark_policies_dirty()
+        else:
+            change = observations.resource_deleted(obj, known, revision)
+        await self._apply(change)
+
+    async def _apply(self, change: Change | None) -> None:
+        if change is None:
+            return
+        await self.bus.publish(change.envelope(self.producer))
+        if change.record is None:
+            self.records.pop(change.key, None)
+            await self.state.forget(change.key)
+        else:
+            self.records[change.key] = change.record
+            await self.state.save(change.record)
+        payload = change.payload
+        if isinstance(payload, events.ConfigChanged) and payload.ref.kind in POLICY_KINDS:
+            self._mark_policies_dirty()
+
+    async def _policy_changed(self, key: str, obj: JsonObject) -> None:
+        model: type[Policy] = PlacementPolicy
+        if obj.get("kind") == "ClusterPlacementPolicy":
+            model = ClusterPlacementPolicy
+        try:
+            policy: Policy = parse_as(model, obj)
+        except InvalidObjectError as exc:
+            # An invalid policy governs nothing; the user hears why.
+            if self.policies.pop(key, None) is not None:
+                self._mark_policies_dirty()
+            with contextlib.suppress(FlotillaError):
+                await self.recorder.warning(obj, "InvalidPolicy", str(exc))
+            return
+        self.policies[key] = policy
+
+    def _mark_policies_dirty(self) -> None:
+        self._policies_dirty.set()
+
+
+@contextlib.asynccontextmanager
+async def running(api: ApiClient, bus: Bus) -> AsyncIterator[Watcher]:
+    """A started watcher (policies known, user watches started) until the block ends."""
+    state = await WatchState.open(bus)
+    records = await state.load_records()
+    async with DynamicClient(api) as dyn:
+        watcher = Watcher(bus, api, dyn, state, records)
+        task = asyncio.create_task(watcher.run(), name="watcher")
+        try:
+            started = asyncio.create_task(watcher.started.wait())
+            await asyncio.wait([task, started], return_when=asyncio.FIRST_COMPLETED)
+            started.cancel()
+            if task.done():
+                task.result()  # raises what stopped it
+            yield watcher
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def run(api: ApiClient, bus: Bus) -> None:
+    """The watcher on an open hub client and bus, until cancelled."""
+    state = await WatchState.open(bus)
+    records = await state.load_records()
+    async with DynamicClient(api) as dyn:
+        await Watcher(bus, api, dyn, state, records).run()
+
+
+async def setup(rt: Runtime) -> None:
+    """`service.main` hook: the watcher as one guarded long-running task."""
+
+    async def watch_hub() -> None:
+        api = await kube.client_from_kubeconfig(rt.settings.hub_kubeconfig)
+        async with api:
+            await run(api, rt.bus)
+
+    rt.spawn("watcher", watch_hub)
