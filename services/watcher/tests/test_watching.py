@@ -1,0 +1,135 @@
+"""The per-type informer loop against a kubesim API server: resume, 410, bookmarks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config
+from kubernetes_asyncio.dynamic import DynamicClient
+
+from flotilla.common.api import GroupVersionKind
+from flotilla.kubesim.server import KubeSim
+from flotilla.watcher.watching import TypeClient, TypeWatch
+
+pytestmark = pytest.mark.integration
+
+CONFIG_MAP = GroupVersionKind("", "v1", "ConfigMap")
+
+
+@pytest.fixture(autouse=True)
+async def _no_leftover_tasks() -> AsyncIterator[None]:
+    """The services must stop every task they started (watches, consumers, timers)."""
+    yield
+    current = asyncio.current_task()
+    deadline = time.monotonic() + 2.0
+    while True:
+        leftover = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+        if not leftover or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.02)
+    assert not leftover, f"test left asyncio tasks running: {leftover}"
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+        self.relists: list[list[str]] = []
+
+    async def relisted(self, gvk: GroupVersionKind, items: list[Any], revision: int) -> None:
+        self.relists.append(sorted(i["metadata"]["name"] for i in items))
+        assert all(i["kind"] == "ConfigMap" and i["apiVersion"] == "v1" for i in items)
+
+    async def changed(self, gvk: GroupVersionKind, obj: Any) -> None:
+        self.seen.append(("changed", obj["metadata"]["name"]))
+
+    async def deleted(self, gvk: GroupVersionKind, obj: Any) -> None:
+        self.seen.append(("deleted", obj["metadata"]["name"]))
+
+
+class MemoryPositions:
+    def __init__(self, start: str | None = None) -> None:
+        self.value = start
+
+    async def get(self, gvk: GroupVersionKind) -> str | None:
+        return self.value
+
+    async def put(self, gvk: GroupVersionKind, resource_version: str) -> None:
+        self.value = resource_version
+
+
+async def eventually(predicate: Callable[[], Any], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def watching(
+    hub: KubeSim, positions: MemoryPositions, *, resume: bool = True
+) -> AsyncIterator[tuple[RecordingSink, Any]]:
+    api = await config.new_client_from_config_dict(hub.kubeconfig())
+    async with api, DynamicClient(api) as dyn:
+        sink = RecordingSink()
+        client = await TypeClient.discover(api, dyn, CONFIG_MAP)
+        watch = TypeWatch(client, sink, positions, resume=resume)
+        task = asyncio.create_task(watch.run())
+        try:
+            await asyncio.wait_for(watch.synced.wait(), 10)
+            yield sink, k8s.CoreV1Api(api)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def config_map(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "data": {"k": "v"}}
+
+
+async def test_resumes_from_the_position_and_sees_what_happened_after_it(
+    kubesim_factory: Any,
+) -> None:
+    hub = await kubesim_factory("hub", hub=True)
+    positions = MemoryPositions()
+    async with watching(hub, positions) as (sink, core):
+        await core.create_namespaced_config_map("default", config_map("before"))
+        await eventually(lambda: ("changed", "before") in sink.seen)
+    assert sink.relists == [[]]
+    stopped_at = positions.value
+    api = await config.new_client_from_config_dict(hub.kubeconfig())
+    async with api:
+        core = k8s.CoreV1Api(api)
+        await core.create_namespaced_config_map("default", config_map("while-down"))
+        await core.delete_namespaced_config_map("while-down", "default")
+    async with watching(hub, positions) as (sink, _):
+        await eventually(lambda: ("deleted", "while-down") in sink.seen)
+    assert sink.relists == []
+    assert sink.seen == [("changed", "while-down"), ("deleted", "while-down")]
+    assert positions.value is not None and int(positions.value) > int(stopped_at or 0)
+
+
+async def test_an_expired_position_relists(kubesim_factory: Any) -> None:
+    hub = await kubesim_factory("hub", hub=True, watch_window=2)
+    api = await config.new_client_from_config_dict(hub.kubeconfig())
+    async with api:
+        core = k8s.CoreV1Api(api)
+        for index in range(5):
+            await core.create_namespaced_config_map("default", config_map(f"cm-{index}"))
+    async with watching(hub, MemoryPositions("1")) as (sink, _):
+        await eventually(lambda: sink.relists)
+    assert sink.relists == [[f"cm-{index}" for index in range(5)]]
+
+
+async def test_bookmarks_move_a_quiet_types_position(kubesim_factory: Any) -> None:
+    hub = await kubesim_factory("hub", hub=True, bookmark_interval=0.1)
+    positions = MemoryPositions()
+    async with watching(hub, positions, resume=False) as (_, core):
+        listed_at = int(positions.value or 0)
+        await core.create_namespace({"metadata": {"name": "elsewhere"}})
+        await eventually(lambda: int(positions.value or 0) > listed_at)
