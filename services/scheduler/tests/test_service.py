@@ -32,7 +32,14 @@ from flotilla.scheduler import records
 from flotilla.scheduler.records import PlacementRecord
 from flotilla.scheduler.service import Scheduler
 
-from .builders import ClusterBuilder, make_cluster, make_daemonset, make_deployment, make_policy
+from .builders import (
+    ClusterBuilder,
+    make_cluster,
+    make_daemonset,
+    make_deployment,
+    make_pod,
+    make_policy,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -388,3 +395,33 @@ async def test_record_conflict_is_raised(nats_server: NatsServer, unique: str) -
         assert await store.get("missing") is None
     finally:
         await bus.close()
+
+
+async def test_scale_up_in_place_that_cannot_fit_keeps_the_placement_pending(
+    harness: Harness,
+) -> None:
+    """The core keeps an ``any`` object where it runs without re-checking room; the
+    service's reservation refuses it, and the object waits as Pending instead of
+    overcommitting or retrying in a loop."""
+    await harness.cluster(small("a", "2"))
+    pod = make_pod("p").with_requests(cpu="1").build()
+    await harness.analyzed(pod)
+    assert harness.active(await harness.record(pod.ref.key)) == {"a": 1}
+
+    await harness.analyzed(pod.model_copy(update={"replicas": 4}))
+    record = await harness.record(pod.ref.key)
+    assert harness.active(record) == {"a": 1}
+    assert record.pending == 3 and record.waiting
+    assert "does not fit now" in record.held_back
+    assert record.analyzed.replicas == 4
+    assert [r.replicas for r in await harness.cache.reservations("a")] == [1]
+    assert len(await harness.decided(pod.ref.key)) == 1
+
+    await harness.cache.put(small("a", "8").record())  # type: ignore[arg-type]
+    grown = CapacityChanged(cluster="a", available={"cpu": 8000}, allocatable={"cpu": 8000})
+    await harness.handle(events.envelope(grown, key="a", producer="test", revision=1))
+    assert await harness.run_requests() == [pod.ref.key]
+    record = await harness.record(pod.ref.key)
+    assert harness.active(record) == {"a": 4}
+    assert not record.waiting and record.held_back == ""
+    assert [r.replicas for r in await harness.cache.reservations("a")] == [4]

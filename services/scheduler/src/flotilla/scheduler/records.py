@@ -97,6 +97,10 @@ class PlacementRecord(_Model):
     schedulable: bool = True
     pending: int = Field(default=0, description="replicas that fit nowhere yet")
     cause: str = Field(default="", description="id of the event that led to `decided`")
+    held_back: str = Field(
+        default="",
+        description="why the newest decision was not applied (it did not fit); empty if it was",
+    )
 
     @property
     def clusters(self) -> tuple[ClusterPlacement, ...]:

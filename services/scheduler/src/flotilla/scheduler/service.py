@@ -69,7 +69,7 @@ from flotilla.common.events import (
     RescheduleRequested,
     ResourceAnalyzed,
 )
-from flotilla.common.rediscapacity import RedisCapacityCache
+from flotilla.common.rediscapacity import DEFAULT_PREFIX, RedisCapacityCache
 from flotilla.common.service import Runtime
 from flotilla.common.topology import ConsumerSpec
 from flotilla.scheduler import core, records, state
@@ -101,6 +101,11 @@ class SchedulerSettings(Settings):
         default=5.0,
         gt=0,
         description="how long a decision waits for this replica to see the newest clusters",
+    )
+    capacity_prefix: str = Field(
+        default=DEFAULT_PREFIX,
+        min_length=1,
+        description="Redis key prefix of the capacity cache (the syncer's must match)",
     )
 
 
@@ -339,6 +344,7 @@ class Scheduler:
             (entry.record, entry.version) if entry is not None else None
         )
         fresh_read = False
+        refused: set[tuple[ClusterPlacement, ...]] = set()
         for _attempt in range(MAX_ATTEMPTS):
             if stored is None and not fresh_read:
                 stored = await self.placements.get(key)
@@ -370,33 +376,45 @@ class Scheduler:
             )
             self.decisions += 1
             changed = current is None or _placement_changed(current, decision)
-            if (
-                not changed
-                and current is not None
-                and current.revision == cause.revision
-                and (current.analyzed == analyzed)
-            ):
-                return
             reserved: list[str] = []
-            if changed:
+            held_back = ""
+            if changed and current is not None and decision.clusters in refused:
+                # Refused again against a fresh snapshot, so it cannot fit now: the core
+                # keeps an object where it runs without re-checking room (an `any` Pod
+                # scaled up in place). Keep what runs and wait as Pending for room.
+                changed = False
+                held_back = f"{decision.reason}; does not fit now, placement kept"
+            elif changed:
                 ok, reserved = await self._reserve(key, analyzed, previous, decision.clusters)
                 if not ok:
                     await self._undo(key, analyzed, previous, reserved)
+                    refused.add(decision.clusters)
                     continue
-            decided = decision.to_event(previous) if changed or current is None else current.decided
-            record = PlacementRecord(
-                key=key,
-                uid=cause.uid,
-                generation=cause.generation,
-                revision=max(cause.revision, current.revision if current else 0),
-                analyzed=analyzed,
-                decided=decided,
-                schedulable=decision.schedulable
-                if changed or current is None
-                else current.schedulable,
-                pending=decision.pending if changed or current is None else current.pending,
-                cause=cause.event_id if changed else (current.cause if current else ""),
-            )
+            if changed or current is None:
+                record = PlacementRecord(
+                    key=key,
+                    uid=cause.uid,
+                    generation=cause.generation,
+                    revision=max(cause.revision, current.revision if current else 0),
+                    analyzed=analyzed,
+                    decided=decision.to_event(previous),
+                    schedulable=decision.schedulable,
+                    pending=decision.pending,
+                    cause=cause.event_id,
+                )
+            else:
+                record = current.model_copy(
+                    update={
+                        "uid": cause.uid,
+                        "generation": cause.generation,
+                        "revision": max(cause.revision, current.revision),
+                        "analyzed": analyzed,
+                        "pending": _unplaced(analyzed, previous) if held_back else current.pending,
+                        "held_back": held_back,
+                    }
+                )
+                if record == current:
+                    return
             try:
                 written = await self.placements.write(key, record, last=version)
             except Conflict:
@@ -519,6 +537,12 @@ def _shapes(
     return [(key, dict(analyzed.requests), replicas)]
 
 
+def _unplaced(analyzed: ResourceAnalyzed, placed: Sequence[ClusterPlacement]) -> int:
+    """Replicas of `analyzed` not running anywhere under `placed` (at least 1)."""
+    wanted = analyzed.replicas if analyzed.replicas is not None else 1
+    return max(wanted - sum(_active(placed).values()), 1)
+
+
 def _placement_changed(current: PlacementRecord, decision: Decision) -> bool:
     return (
         tuple(current.decided.clusters) != tuple(decision.clusters)
@@ -531,10 +555,15 @@ def _placement_changed(current: PlacementRecord, decision: Decision) -> bool:
 async def setup(rt: Runtime) -> None:
     """Compose one replica: capacity cache, buckets, bucket followers, the consumer."""
     settings = rt.settings
-    ttl = settings.reservation_ttl if isinstance(settings, SchedulerSettings) else 300.0
-    sync = settings.sync_timeout if isinstance(settings, SchedulerSettings) else 5.0
-    cache = RedisCapacityCache.from_url(settings.redis_url)
-    scheduler = await Scheduler.open(rt.bus, cache, reservation_ttl=ttl, sync_timeout=sync)
+    if not isinstance(settings, SchedulerSettings):
+        settings = SchedulerSettings.model_validate(settings.model_dump())
+    cache = RedisCapacityCache.from_url(settings.redis_url, prefix=settings.capacity_prefix)
+    scheduler = await Scheduler.open(
+        rt.bus,
+        cache,
+        reservation_ttl=settings.reservation_ttl,
+        sync_timeout=settings.sync_timeout,
+    )
 
     async def hold_cache() -> None:
         # Closed when the runtime cancels its tasks on shutdown.
