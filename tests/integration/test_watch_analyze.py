@@ -331,7 +331,8 @@ class Hub:
 @contextlib.asynccontextmanager
 async def hub_writer(hub: KubeSim) -> AsyncIterator[Hub]:
     async with hub_client(hub) as api, DynamicClient(api) as dyn:
-        await k8s.CoreV1Api(api).create_namespace({"metadata": {"name": NS}})
+        namespace: Any = {"metadata": {"name": NS}}
+        await k8s.CoreV1Api(api).create_namespace(namespace)
         yield Hub(dyn)
 
 

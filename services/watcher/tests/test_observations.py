@@ -21,7 +21,7 @@ Edit = Callable[[dict[str, Any]], None]
 # --- builders -----------------------------------------------------------------------
 
 
-def deployment(rv: int = 10, **annotations: str) -> dict[str, Any]:
+def deployment(rv: int = 10, annotations: dict[str, str] | None = None) -> dict[str, Any]:
     metadata: dict[str, Any] = {
         "name": "web",
         "namespace": "shop",
@@ -130,7 +130,7 @@ def test_user_intent_changes_publish(edit: Edit) -> None:
 
 
 def test_detected_entries_next_to_user_entries_do_not_count() -> None:
-    user_only = deployment(**{"flotilla.io/dependencies": USER})
+    user_only = deployment(annotations={"flotilla.io/dependencies": USER})
     policies = [cluster_policy()]
     before = published(user_only, policies)
     merged = json.loads(USER) + json.loads(DETECTED)
@@ -224,7 +224,7 @@ def test_cluster_status_changes_are_observed() -> None:
 
 
 def test_policy_status_changes_are_not_config_changes() -> None:
-    policy = {
+    policy: dict[str, Any] = {
         "apiVersion": "flotilla.io/v1alpha1",
         "kind": "ClusterPlacementPolicy",
         "metadata": {"name": "all", "uid": "p1", "resourceVersion": "3"},

@@ -88,7 +88,7 @@ async def watching(
             await asyncio.gather(task, return_exceptions=True)
 
 
-def config_map(name: str) -> dict[str, Any]:
+def config_map(name: str) -> Any:
     return {"metadata": {"name": name}, "data": {"k": "v"}}
 
 

@@ -1,0 +1,364 @@
+"""The detector service on a real nats-server and a kubesim hub, fed by hand-made
+`ResourceObserved` / `ConfigChanged` events (no watcher)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+import yaml
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config
+from kubernetes_asyncio.dynamic import DynamicClient
+from nats.aio.msg import Msg
+
+from flotilla.common import events
+from flotilla.common.api import DEPENDENCIES_ANNOTATION, STRATEGY_ANNOTATION, GroupVersionKind
+from flotilla.common.bus import Bus
+from flotilla.common.config import Settings
+from flotilla.common.infra import NatsServer
+from flotilla.common.service import Runtime
+from flotilla.depdetector import service
+from flotilla.depdetector.service import checked
+from flotilla.kubesim.server import KubeSim
+
+from .builders import FLINK_INTERPRETER, container, manifest, pod_spec, template
+
+pytestmark = pytest.mark.integration
+
+NS = "shop"
+CRD_DIR = Path(__file__).resolve().parents[3] / "deploy" / "k8s" / "crds"
+FLINK_CRD: Any = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "flinkdeployments.flink.apache.org"},
+    "spec": {
+        "group": "flink.apache.org",
+        "scope": "Namespaced",
+        "names": {
+            "plural": "flinkdeployments",
+            "singular": "flinkdeployment",
+            "kind": "FlinkDeployment",
+        },
+        "versions": [
+            {
+                "name": "v1beta1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+async def eventually(probe: Callable[[], Any], timeout: float = 10.0) -> Any:
+    """Poll `probe` (sync or async) until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        assert time.monotonic() < deadline, "timed out waiting for a condition"
+        await asyncio.sleep(0.05)
+
+
+class Setup:
+    """The hub, its clients, the detector's runtime and what it published."""
+
+    def __init__(self, hub: KubeSim, api: Any, dyn: DynamicClient, bus: Bus) -> None:
+        self.hub = hub
+        self.api = api
+        self.dyn = dyn
+        self.bus = bus
+        self.analyzed: list[events.Envelope] = []
+        self.detector: service.Detector
+
+    async def on_message(self, msg: Msg) -> None:
+        self.analyzed.append(events.decode(msg.data))
+
+    def analyses(self, name: str) -> list[events.ResourceAnalyzed]:
+        return [
+            e.payload
+            for e in self.analyzed
+            if isinstance(e.payload, events.ResourceAnalyzed) and e.payload.ref.name == name
+        ]
+
+    async def create(self, obj: Any) -> dict[str, Any]:
+        resource = await self.dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        return checked(await self.dyn.create(resource, body=obj))
+
+    async def get(self, obj: Any) -> dict[str, Any]:
+        resource = await self.dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        meta = obj["metadata"]
+        return checked(
+            await self.dyn.get(resource, name=meta["name"], namespace=meta.get("namespace"))
+        )
+
+    async def patch(self, obj: Any, patch: Any) -> dict[str, Any]:
+        resource = await self.dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        meta = obj["metadata"]
+        return checked(
+            await self.dyn.patch(
+                resource,
+                patch,
+                name=meta["name"],
+                namespace=meta.get("namespace"),
+                content_type="application/merge-patch+json",
+            )
+        )
+
+    async def observe(
+        self, obj: dict[str, Any], *, deleted: bool = False, revision: int | None = None
+    ) -> events.Envelope:
+        """Publish what the watcher would for `obj`."""
+        ref = events.ObjectRef.of(obj)
+        payload = events.ResourceObserved(ref=ref, object=obj, deleted=deleted)
+        meta = obj["metadata"]
+        envelope = events.envelope(
+            payload,
+            key=ref.key,
+            producer="test",
+            uid=meta.get("uid", ""),
+            generation=meta.get("generation", 0),
+            revision=int(meta.get("resourceVersion", 0)) if revision is None else revision,
+            dedupe=(json.dumps(obj, sort_keys=True),),
+        )
+        await self.bus.publish(envelope)
+        return envelope
+
+    async def warnings(self, reason: str) -> list[str]:
+        listed = await k8s.CoreV1Api(self.api).list_namespaced_event(NS)
+        return [e.message for e in listed.items if e.reason == reason and e.type == "Warning"]
+
+
+@pytest.fixture(autouse=True)
+async def _no_leftover_tasks() -> AsyncIterator[None]:
+    yield
+    current = asyncio.current_task()
+    deadline = time.monotonic() + 2.0
+    while True:
+        leftover = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+        if not leftover or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.02)
+    assert not leftover, f"test left asyncio tasks running: {leftover}"
+
+
+@contextlib.asynccontextmanager
+async def detector(
+    kubesim_factory: Any,
+    nats_server: NatsServer,
+    unique: str,
+    *,
+    before: tuple[Any, ...] = (),
+) -> AsyncIterator[Setup]:
+    hub: KubeSim = await kubesim_factory("hub", hub=True)
+    settings = Settings(
+        service="depdetector",
+        instance="d-1",
+        nats_url=nats_server.url,
+        stream_prefix=f"dd{unique}",
+        partitions=2,
+        health_host="127.0.0.1",
+        health_port=0,
+    )
+    api = await config.new_client_from_config_dict(hub.kubeconfig())
+    async with api, DynamicClient(api) as dyn:
+        extensions = k8s.ApiextensionsV1Api(api)
+        for path in sorted(CRD_DIR.glob("*.yaml")):
+            await extensions.create_custom_resource_definition(yaml.safe_load(path.read_text()))
+        await extensions.create_custom_resource_definition(FLINK_CRD)
+        namespace: Any = {"metadata": {"name": NS}}
+        await k8s.CoreV1Api(api).create_namespace(namespace)
+        async with Runtime.open(settings) as rt:
+            setup = Setup(hub, api, dyn, rt.bus)
+            for obj in before:
+                await setup.create(obj)
+            nc = await nats.connect(nats_server.url)
+            try:
+                await nc.subscribe(f"dd{unique}.events.ResourceAnalyzed.*", cb=setup.on_message)
+                await nc.flush()
+                async with service.running(rt, api) as running:
+                    setup.detector = running
+                    yield setup
+            finally:
+                await nc.close()
+
+
+def web(**annotations: str) -> dict[str, Any]:
+    spec = pod_spec(
+        container(requests={"cpu": "100m"}),
+        serviceAccountName="web-sa",
+        volumes=[{"name": "c", "configMap": {"name": "web-config"}}],
+    )
+    return manifest(
+        "apps/v1",
+        "Deployment",
+        {"replicas": 3, "selector": {"matchLabels": {"app": "web"}}, "template": template(spec)},
+        name="web",
+        namespace=NS,
+        annotations=dict(annotations) or None,
+    )
+
+
+def config_map(name: str) -> dict[str, Any]:
+    return manifest("v1", "ConfigMap", name=name, namespace=NS, data={"k": "v"})
+
+
+# --- tests ------------------------------------------------------------------------------
+
+
+async def test_a_rerun_on_the_same_object_writes_nothing(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    async with detector(
+        kubesim_factory, nats_server, unique, before=(config_map("web-config"),)
+    ) as s:
+        created = await s.create(web())
+        await s.observe(created)
+        await eventually(lambda: s.analyses("web"))
+        written = await s.get(created)
+        value = written["metadata"]["annotations"][DEPENDENCIES_ANNOTATION]
+        assert [e["name"] for e in json.loads(value)] == ["web-config", "web-sa"]
+        assert any("ServiceAccount shop/web-sa" in m for m in await s.warnings("DependencyMissing"))
+        assert not any("web-config" in m for m in await s.warnings("DependencyMissing"))
+
+        # The watcher would not republish this, but a redelivery may: no second write.
+        await s.observe(written)
+        await eventually(lambda: len(s.analyses("web")) == 2)
+        again = await s.get(created)
+        assert again["metadata"]["resourceVersion"] == written["metadata"]["resourceVersion"]
+
+
+async def test_a_concurrent_user_edit_is_not_overwritten(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    async with detector(kubesim_factory, nats_server, unique) as s:
+        created = await s.create(web())
+        mine = [{"apiVersion": "v1", "kind": "Secret", "name": "extra"}]
+        await s.patch(
+            created, {"metadata": {"annotations": {DEPENDENCIES_ANNOTATION: json.dumps(mine)}}}
+        )
+        # An observation from before the user's edit arrives late.
+        await s.observe(created)
+        await eventually(lambda: s.analyses("web"))
+        value = (await s.get(created))["metadata"]["annotations"][DEPENDENCIES_ANNOTATION]
+        entries = json.loads(value)
+        assert entries[0] == {**mine[0], "detected": False}
+        assert [e["name"] for e in entries[1:]] == ["web-config", "web-sa"]
+
+
+async def test_invalid_objects_are_reported_and_dead_lettered_while_others_flow(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    async with detector(kubesim_factory, nats_server, unique) as s:
+        bad_strategy = await s.create(web(**{STRATEGY_ANNOTATION: "everywhere"}))
+        broken = copy.deepcopy(web(**{DEPENDENCIES_ANNOTATION: "[{not json"}))
+        broken["metadata"]["name"] = "broken"
+        broken = await s.create(broken)
+        good = await s.create(config_map("fine"))
+        for obj in (bad_strategy, broken, good):
+            await s.observe(obj)
+        await eventually(lambda: s.analyses("fine"))
+
+        strategy_warnings = await eventually(lambda: s.warnings("InvalidObject"))
+        assert "unknown strategy 'everywhere'" in strategy_warnings[0]
+        dependency_warnings = await eventually(lambda: s.warnings("InvalidDependencies"))
+        assert "flotilla.io/dependencies: not JSON" in dependency_warnings[0]
+        letters = await eventually(s.bus.dead_letters)
+        assert sorted(letter.reason for letter in letters) == ["InvalidObject", "InvalidObject"]
+        assert s.analyses("web") == [] and s.analyses("broken") == []
+
+
+async def test_deletions_are_analysed_as_deleted(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    async with detector(kubesim_factory, nats_server, unique) as s:
+        gone = web()
+        gone["metadata"].update(uid="u-1", resourceVersion="40")
+        await s.observe(gone, deleted=True)
+        analysed = (await eventually(lambda: s.analyses("web")))[0]
+        assert analysed.deleted and analysed.strategy == "split"
+
+
+async def test_stale_observations_are_dropped(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    async with detector(kubesim_factory, nats_server, unique) as s:
+        newer = config_map("cm")
+        newer["metadata"].update(uid="u-1", resourceVersion="50", labels={"v": "new"})
+        older = copy.deepcopy(newer)
+        older["metadata"].update(resourceVersion="40", labels={"v": "old"})
+        newest = copy.deepcopy(newer)
+        newest["metadata"].update(resourceVersion="60", labels={"v": "newest"})
+        await s.observe(newer)
+        await eventually(lambda: s.analyses("cm"))
+        # One key's events are handled in order: once the newest is analysed, the
+        # stale one in between has been handled too.
+        await s.observe(older)
+        await s.observe(newest)
+        await eventually(lambda: len(s.analyses("cm")) == 2)
+        assert [a.object["metadata"]["labels"]["v"] for a in s.analyses("cm")] == ["new", "newest"]
+
+
+async def test_resource_interpreters_are_loaded_at_start_and_follow_changes(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    flink = manifest(
+        "flink.apache.org/v1beta1",
+        "FlinkDeployment",
+        {
+            "serviceAccount": "flink",
+            "jobManager": {
+                "replicas": 1,
+                "podTemplate": template(pod_spec(container(requests={"cpu": "1"}))),
+            },
+            "taskManager": {
+                "replicas": 3,
+                "podTemplate": template(pod_spec(container(requests={"cpu": "2"}))),
+            },
+        },
+        name="job",
+        namespace=NS,
+    )
+    async with detector(kubesim_factory, nats_server, unique, before=(FLINK_INTERPRETER,)) as s:
+        created = await s.create(flink)
+        await s.observe(created)
+        analysed = (await eventually(lambda: s.analyses("job")))[0]
+        assert analysed.strategy == "any"
+        assert [(c.name, c.replicas, c.requests) for c in analysed.components] == [
+            ("jobmanager", 1, {"cpu": 1000}),
+            ("taskmanager", 3, {"cpu": 2000}),
+        ]
+        assert [(d.kind, d.name) for d in analysed.dependencies] == [("ServiceAccount", "flink")]
+
+        # The interpreter is deleted: the type falls back to an opaque `any`.
+        interpreter = await s.get(FLINK_INTERPRETER)
+        change = events.ConfigChanged(
+            ref=events.ObjectRef.of(interpreter), object=interpreter, deleted=True
+        )
+        await s.bus.publish(
+            events.envelope(change, key=change.ref.key, producer="test", revision=99)
+        )
+        relabelled = await s.patch(created, {"metadata": {"labels": {"round": "2"}}})
+        flink_type = GroupVersionKind("flink.apache.org", "v1beta1", "FlinkDeployment")
+        await eventually(lambda: s.detector.registry.lookup(flink_type).source == "default")
+        await s.observe(relabelled)
+        latest = (await eventually(lambda: s.analyses("job")[1:]))[0]
+        assert latest.components == []
