@@ -17,6 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -526,3 +529,66 @@ async def test_policy_for_a_crd_created_after_start_is_honoured_without_restart(
                 where=lambda e: e.payload.policy is None,  # type: ignore[union-attr]
             )
         await eventually(lambda: service.watched_types == [], what="the Widget watch to stop")
+
+
+@contextlib.asynccontextmanager
+async def watcher_process(settings: Settings, log_path: Path) -> AsyncIterator[Any]:
+    """`flotilla-watcher` as a real process; the block may kill it."""
+    env = {
+        **os.environ,
+        "FLOTILLA_NATS_URL": settings.nats_url,
+        "FLOTILLA_STREAM_PREFIX": settings.stream_prefix,
+        "FLOTILLA_PARTITIONS": str(settings.partitions),
+        "FLOTILLA_HUB_KUBECONFIG": str(settings.hub_kubeconfig),
+        "FLOTILLA_HEALTH_HOST": "127.0.0.1",
+        "FLOTILLA_HEALTH_PORT": "0",
+        "FLOTILLA_INSTANCE": "watcher-process",
+    }
+    with log_path.open("ab") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "flotilla.watcher", env=env, stdout=log, stderr=log
+        )
+        try:
+            yield process
+        finally:
+            if process.returncode is None:
+                process.kill()
+            await process.wait()
+
+
+async def test_a_killed_watcher_process_loses_nothing(
+    hub: KubeSim,
+    event_log: EventLog,
+    settings_for: Callable[[str], Settings],
+    tmp_path: Path,
+) -> None:
+    settings = settings_for("watcher")
+    log_path = tmp_path / "watcher.log"
+    kept, changed, removed = deployment("kept"), deployment("changed"), deployment("removed")
+    async with hub_writer(hub) as writes:
+        await writes.create(cluster_policy("shop", "apps/v1", "Deployment"))
+        async with watcher_process(settings, log_path) as process:
+            for obj in (kept, changed, removed):
+                await writes.create(obj)
+            for obj in (kept, changed, removed):
+                await event_log.wait_for("ResourceObserved", key(obj["metadata"]["name"]))
+            process.send_signal(signal.SIGKILL)
+            assert await process.wait() == -signal.SIGKILL
+
+        await writes.patch(changed, {"spec": {"replicas": 4}})
+        await writes.delete(removed)
+        await writes.create(deployment("added"))
+
+        async with watcher_process(settings, log_path) as process:
+            await event_log.wait_for("ResourceObserved", key("added"))
+            await event_log.wait_for(
+                "ResourceObserved", key("changed"), where=lambda e: e.generation == 2
+            )
+            await event_log.wait_for(
+                "ResourceObserved",
+                key("removed"),
+                where=lambda e: e.payload.deleted,  # type: ignore[union-attr]
+            )
+            process.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(process.wait(), 15) == 0, log_path.read_text()
+        assert len(event_log.of("ResourceObserved", key("kept"))) == 1

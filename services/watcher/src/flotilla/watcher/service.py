@@ -216,9 +216,13 @@ class Watcher:
         async with self._lock:
             key = ObjectRef.of(obj).key
             known = self.records.get(key)
+            if observations.is_stale(obj, known):
+                return
             if gvk in CONFIG_TYPES:
                 change = observations.config_observed(obj, known)
                 if obj.get("kind") in POLICY_KINDS:
+                    # Also when nothing is published: after a restart the records are
+                    # unchanged but the policies must be known again.
                     await self._policy_changed(key, obj)
             else:
                 change = observations.resource_observed(obj, self.policies.values(), known)
@@ -284,6 +288,7 @@ async def running(api: ApiClient, bus: Bus) -> AsyncIterator[Watcher]:
             started = asyncio.create_task(watcher.started.wait())
             await asyncio.wait([task, started], return_when=asyncio.FIRST_COMPLETED)
             started.cancel()
+            await asyncio.gather(started, return_exceptions=True)
             if task.done():
                 task.result()  # raises what stopped it
             yield watcher
