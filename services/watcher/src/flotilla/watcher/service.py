@@ -84,8 +84,11 @@ class Watcher:
         dyn: DynamicClient,
         state: WatchState,
         records: dict[str, Record],
+        *,
+        unserved_retry: float = UNSERVED_RETRY,
     ) -> None:
         self.bus = bus
+        self.unserved_retry = unserved_retry
         self.api = api
         self.dyn = dyn
         self.state = state
@@ -172,7 +175,7 @@ class Watcher:
     def _retry_later(self) -> None:
         """Try types that were not served again after a while (their CRD may come)."""
         if self._retry is None or self._retry.done():
-            self._retry = asyncio.create_task(self._mark_dirty_after(UNSERVED_RETRY))
+            self._retry = asyncio.create_task(self._mark_dirty_after(self.unserved_retry))
 
     async def _mark_dirty_after(self, delay: float) -> None:
         await asyncio.sleep(delay)
@@ -277,12 +280,14 @@ class Watcher:
 
 
 @contextlib.asynccontextmanager
-async def running(api: ApiClient, bus: Bus) -> AsyncIterator[Watcher]:
+async def running(
+    api: ApiClient, bus: Bus, *, unserved_retry: float = UNSERVED_RETRY
+) -> AsyncIterator[Watcher]:
     """A started watcher (policies known, user watches started) until the block ends."""
     state = await WatchState.open(bus)
     records = await state.load_records()
     async with DynamicClient(api) as dyn:
-        watcher = Watcher(bus, api, dyn, state, records)
+        watcher = Watcher(bus, api, dyn, state, records, unserved_retry=unserved_retry)
         task = asyncio.create_task(watcher.run(), name="watcher")
         try:
             started = asyncio.create_task(watcher.started.wait())

@@ -1,0 +1,237 @@
+"""The watcher service against a kubesim hub and a real nats-server: how policies
+steer what is watched and published."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+import yaml
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config
+from kubernetes_asyncio.dynamic import DynamicClient
+from nats.aio.msg import Msg
+
+from flotilla.common import events
+from flotilla.common.config import Settings
+from flotilla.common.infra import NatsServer
+from flotilla.common.service import Runtime
+from flotilla.watcher import service
+
+pytestmark = pytest.mark.integration
+
+NS = "shop"
+CRD_DIR = Path(__file__).resolve().parents[3] / "deploy" / "k8s" / "crds"
+GADGET_CRD: Any = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "gadgets.example.com"},
+    "spec": {
+        "group": "example.com",
+        "scope": "Namespaced",
+        "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+async def eventually(probe: Callable[[], Any], timeout: float = 10.0) -> Any:
+    """Poll `probe` (sync or async) until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        assert time.monotonic() < deadline, "timed out waiting for a condition"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture(autouse=True)
+async def _no_leftover_tasks() -> AsyncIterator[None]:
+    yield
+    current = asyncio.current_task()
+    deadline = time.monotonic() + 2.0
+    while True:
+        leftover = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+        if not leftover or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.02)
+    assert not leftover, f"test left asyncio tasks running: {leftover}"
+
+
+class Harness:
+    def __init__(self, api: Any, dyn: DynamicClient, watcher: service.Watcher) -> None:
+        self.api = api
+        self.dyn = dyn
+        self.watcher = watcher
+        self.events: list[events.Envelope] = []
+
+    async def on_message(self, msg: Msg) -> None:
+        self.events.append(events.decode(msg.data))
+
+    def observed(self, name: str) -> list[events.ResourceObserved]:
+        return [
+            e.payload
+            for e in self.events
+            if isinstance(e.payload, events.ResourceObserved) and e.payload.ref.name == name
+        ]
+
+    async def _resource(self, obj: Any) -> Any:
+        return await self.dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+
+    async def create(self, obj: Any) -> Any:
+        return (await self.dyn.create(await self._resource(obj), body=obj)).to_dict()
+
+    async def patch(self, obj: Any, patch: Any) -> Any:
+        meta = obj["metadata"]
+        resource = await self._resource(obj)
+        patched = await self.dyn.patch(
+            resource,
+            patch,
+            name=meta["name"],
+            namespace=meta.get("namespace"),
+            content_type="application/merge-patch+json",
+        )
+        return patched.to_dict()
+
+    async def warnings(self, reason: str, namespace: str = "default") -> list[str]:
+        listed = await k8s.CoreV1Api(self.api).list_namespaced_event(namespace)
+        return [e.message for e in listed.items if e.reason == reason]
+
+
+@contextlib.asynccontextmanager
+async def harness(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> AsyncIterator[Harness]:
+    hub = await kubesim_factory("hub", hub=True)
+    settings = Settings(
+        service="watcher",
+        instance="w-1",
+        nats_url=nats_server.url,
+        stream_prefix=f"ws{unique}",
+        partitions=2,
+        health_host="127.0.0.1",
+        health_port=0,
+    )
+    api = await config.new_client_from_config_dict(hub.kubeconfig())
+    async with api, DynamicClient(api) as dyn:
+        extensions = k8s.ApiextensionsV1Api(api)
+        for path in sorted(CRD_DIR.glob("*.yaml")):
+            await extensions.create_custom_resource_definition(yaml.safe_load(path.read_text()))
+        namespace: Any = {"metadata": {"name": NS}}
+        await k8s.CoreV1Api(api).create_namespace(namespace)
+        nc = await nats.connect(nats_server.url)
+        try:
+            async with (
+                Runtime.open(settings) as rt,
+                service.running(api, rt.bus, unserved_retry=0.2) as watcher,
+            ):
+                h = Harness(api, dyn, watcher)
+                await nc.subscribe(f"ws{unique}.events.>", cb=h.on_message)
+                await nc.flush()
+                yield h
+        finally:
+            await nc.close()
+
+
+def policy(name: str, kind: str = "ConfigMap", api_version: str = "v1", **spec: Any) -> Any:
+    selectors = spec.pop("resourceSelectors", [{"apiVersion": api_version, "kind": kind}])
+    return {
+        "apiVersion": "flotilla.io/v1alpha1",
+        "kind": "ClusterPlacementPolicy",
+        "metadata": {"name": name},
+        "spec": {"resourceSelectors": selectors, **spec},
+    }
+
+
+def config_map(name: str, **labels: str) -> Any:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "data": {"k": "v"},
+    }
+
+
+async def test_policy_edits_republish_and_unselected_objects_are_released(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    async with harness(kubesim_factory, nats_server, unique) as h:
+        selected = [
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "labelSelector": {"matchLabels": {"sync": "yes"}},
+            }
+        ]
+        cpp = await h.create(policy("maps", resourceSelectors=selected))
+        await h.create(config_map("ignored"))
+        synced = await h.create(config_map("synced", sync="yes"))
+        first = (await eventually(lambda: h.observed("synced")))[0]
+        assert first.policy_spec is not None and "maxClusters" not in first.policy_spec
+
+        await h.patch(cpp, {"spec": {"maxClusters": 2}})
+        await eventually(lambda: len(h.observed("synced")) == 2)
+        assert h.observed("synced")[1].policy_spec["maxClusters"] == 2  # type: ignore[index]
+
+        await h.patch(synced, {"metadata": {"labels": {"sync": "no"}}})
+        await eventually(lambda: len(h.observed("synced")) == 3)
+        released = h.observed("synced")[2]
+        assert released.policy is None and not released.deleted
+        assert h.observed("ignored") == []
+
+
+async def test_an_invalid_policy_is_reported_and_governs_nothing(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    async with harness(kubesim_factory, nats_server, unique) as h:
+        # Valid for the CRD schema, not for Flotilla: weighted split without weights.
+        await h.create(policy("weighted", splitBy="weights"))
+        messages = await eventually(lambda: h.warnings("InvalidPolicy"))
+        assert "weights" in messages[0]
+        await h.create(config_map("lonely"))
+        await h.create(policy("fine", kind="Secret"))
+        await eventually(lambda: [e for e in h.events if e.key.endswith("/fine")])
+        await eventually(lambda: h.watcher.watched_types)
+        assert [t.kind for t in h.watcher.watched_types] == ["Secret"]
+        assert h.observed("lonely") == []
+
+
+async def test_a_selected_type_the_hub_does_not_serve_yet_is_watched_once_it_is(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    async with harness(kubesim_factory, nats_server, unique) as h:
+        await h.create(policy("gadgets", kind="Gadget", api_version="example.com/v1"))
+        messages = await eventually(lambda: h.warnings("UnknownType"))
+        assert "Gadget" in messages[0]
+        assert h.watcher.watched_types == []
+
+        await k8s.ApiextensionsV1Api(h.api).create_custom_resource_definition(GADGET_CRD)
+        gadget = {
+            "apiVersion": "example.com/v1",
+            "kind": "Gadget",
+            "metadata": {"name": "g", "namespace": NS},
+        }
+        await h.create(gadget)
+        await eventually(lambda: h.observed("g"))
+        assert [t.kind for t in h.watcher.watched_types] == ["Gadget"]
