@@ -532,8 +532,8 @@ async def test_policy_for_a_crd_created_after_start_is_honoured_without_restart(
 
 
 @contextlib.asynccontextmanager
-async def watcher_process(settings: Settings, log_path: Path) -> AsyncIterator[Any]:
-    """`flotilla-watcher` as a real process; the block may kill it."""
+async def service_process(module: str, settings: Settings, log_path: Path) -> AsyncIterator[Any]:
+    """``python -m <module>`` as a real process; the block may kill it."""
     env = {
         **os.environ,
         "FLOTILLA_NATS_URL": settings.nats_url,
@@ -542,11 +542,11 @@ async def watcher_process(settings: Settings, log_path: Path) -> AsyncIterator[A
         "FLOTILLA_HUB_KUBECONFIG": str(settings.hub_kubeconfig),
         "FLOTILLA_HEALTH_HOST": "127.0.0.1",
         "FLOTILLA_HEALTH_PORT": "0",
-        "FLOTILLA_INSTANCE": "watcher-process",
+        "FLOTILLA_INSTANCE": f"{settings.service}-process",
     }
     with log_path.open("ab") as log:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "flotilla.watcher", env=env, stdout=log, stderr=log
+            sys.executable, "-m", module, env=env, stdout=log, stderr=log
         )
         try:
             yield process
@@ -556,7 +556,7 @@ async def watcher_process(settings: Settings, log_path: Path) -> AsyncIterator[A
             await process.wait()
 
 
-async def test_a_killed_watcher_process_loses_nothing(
+async def test_a_killed_watcher_process_loses_nothing_and_the_processes_stop_cleanly(
     hub: KubeSim,
     event_log: EventLog,
     settings_for: Callable[[str], Settings],
@@ -567,7 +567,7 @@ async def test_a_killed_watcher_process_loses_nothing(
     kept, changed, removed = deployment("kept"), deployment("changed"), deployment("removed")
     async with hub_writer(hub) as writes:
         await writes.create(cluster_policy("shop", "apps/v1", "Deployment"))
-        async with watcher_process(settings, log_path) as process:
+        async with service_process("flotilla.watcher", settings, log_path) as process:
             for obj in (kept, changed, removed):
                 await writes.create(obj)
             for obj in (kept, changed, removed):
@@ -579,8 +579,12 @@ async def test_a_killed_watcher_process_loses_nothing(
         await writes.delete(removed)
         await writes.create(deployment("added"))
 
-        async with watcher_process(settings, log_path) as process:
+        async with (
+            service_process("flotilla.watcher", settings, log_path) as process,
+            service_process("flotilla.depdetector", settings_for("depdetector"), log_path) as det,
+        ):
             await event_log.wait_for("ResourceObserved", key("added"))
+            await event_log.wait_for("ResourceAnalyzed", key("added"))
             await event_log.wait_for(
                 "ResourceObserved", key("changed"), where=lambda e: e.generation == 2
             )
@@ -589,6 +593,7 @@ async def test_a_killed_watcher_process_loses_nothing(
                 key("removed"),
                 where=lambda e: e.payload.deleted,  # type: ignore[union-attr]
             )
-            process.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(process.wait(), 15) == 0, log_path.read_text()
+            for running in (process, det):
+                running.send_signal(signal.SIGTERM)
+                assert await asyncio.wait_for(running.wait(), 15) == 0, log_path.read_text()
         assert len(event_log.of("ResourceObserved", key("kept"))) == 1
