@@ -17,22 +17,44 @@ decision. ``decisions_per_s`` is the steady state, the per-snapshot memos (fit p
 request shape, filter verdicts per policy and shape) filled; ``first_decision_us`` and
 ``first_pass_decisions_per_s`` (the first pass over all 300 objects) are the cold
 cost right after a new snapshot.
+
+The ``service`` section (``--service-objects N``, 0 to skip) measures the service
+end to end on this machine: it starts NATS and Redis, one or two
+``python -m flotilla.scheduler`` processes, announces the fleet (``ClusterObserved``
+and capacity records), publishes N ``ResourceAnalyzed`` of the same mix at once and
+reports N / (time until the N-th ``PlacementDecided`` arrives). Everything (NATS,
+Redis, the replicas, this publisher) shares the machine's cores.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import random
+import signal
 import statistics
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from flotilla.common import api, capacity
 from flotilla.common.api import Strategy
-from flotilla.common.events import ClusterPlacement, ObjectRef, ResourceAnalyzed
-from flotilla.scheduler import core
+from flotilla.common.bus import Bus
+from flotilla.common.events import (
+    ClusterObserved,
+    ClusterPlacement,
+    ObjectRef,
+    ResourceAnalyzed,
+    envelope,
+)
+from flotilla.common.infra import NatsServer, RedisServer
+from flotilla.common.rediscapacity import RedisCapacityCache
+from flotilla.common.topology import Topology
+from flotilla.scheduler import core, records
 from flotilla.scheduler.model import Fleet, SchedulingInput
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -220,23 +242,185 @@ def measure(size: int, seconds: float, seed: int = 7) -> dict[str, Any]:
     }
 
 
+# --- the service end to end ------------------------------------------------------------
+
+
+class _Replica:
+    """One ``python -m flotilla.scheduler`` process."""
+
+    def __init__(self, env: dict[str, str], instance: str) -> None:
+        self.instance = instance
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "flotilla.scheduler"],
+            env={**env, "FLOTILLA_INSTANCE": instance},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+async def _until(check: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+async def _service_run(
+    nats_url: str, redis_url: str, objects: int, size: int, replicas: int, run: int
+) -> dict[str, Any]:
+    rng = random.Random(11)
+    prefix = f"bench{run}"
+    partitions = 16
+    topology = Topology(prefix=prefix, partitions=partitions)
+    bus = await Bus.connect(nats_url, topology=topology, producer="bench")
+    cache_prefix = f"bench{run}:capacity:"
+    cache = RedisCapacityCache.from_url(redis_url, prefix=cache_prefix)
+    env = {
+        **os.environ,
+        "FLOTILLA_NATS_URL": nats_url,
+        "FLOTILLA_REDIS_URL": redis_url,
+        "FLOTILLA_STREAM_PREFIX": prefix,
+        "FLOTILLA_PARTITIONS": str(partitions),
+        "FLOTILLA_CAPACITY_PREFIX": cache_prefix,
+        "FLOTILLA_HEALTH_PORT": "0",
+        "FLOTILLA_HEALTH_HOST": "127.0.0.1",
+        "FLOTILLA_LOG_LEVEL": "ERROR",
+    }
+    clusters, snapshot = make_fleet(size, rng)
+    names = [c.metadata.name for c in clusters]
+    started_replicas = [_Replica(env, f"bench-{run}-{i}") for i in range(replicas)]
+    received = 0
+    done = asyncio.Event()
+
+    async def count(_msg: Any) -> None:
+        nonlocal received
+        received += 1
+        if received >= objects:
+            done.set()
+
+    sub = await bus.nc.subscribe(f"{prefix}.events.PlacementDecided.>", cb=count)
+    try:
+        for record in snapshot.clusters.values():
+            await cache.put(record)
+        await bus.publish_batch(
+            [
+                envelope(
+                    ClusterObserved(
+                        cluster=c.metadata.name, object=c.model_dump(mode="json", by_alias=True)
+                    ),
+                    key=f"cluster/{c.metadata.name}",
+                    producer="bench",
+                    revision=1,
+                )
+                for c in clusters
+            ]
+        )
+        clusters_kv = await bus.bucket(records.clusters_bucket(topology))
+        leases_kv = await bus.bucket(topology.leases_bucket)
+
+        async def ready() -> bool:
+            if int((await clusters_kv.status()).values) < size:
+                return False
+            holders = set()
+            for partition in range(partitions):
+                try:
+                    holders.add((await leases_kv.get(f"scheduler.p{partition}")).value)
+                except Exception:
+                    return False
+            return len(holders) == replicas
+
+        await _until(ready, 60, "the scheduler replicas to consume every partition")
+        batch = []
+        for i in range(objects):
+            obj, policy, _ = make_object(i, rng, names)
+            if policy is not None:
+                obj = obj.model_copy(
+                    update={"policy_spec": policy.model_dump(mode="json", by_alias=True)}
+                )
+            batch.append(envelope(obj, key=obj.ref.key, producer="bench", revision=1))
+        started = time.perf_counter()
+        await bus.publish_batch(batch)
+        published = time.perf_counter() - started
+        await asyncio.wait_for(done.wait(), timeout=600)
+        elapsed = time.perf_counter() - started
+    finally:
+        await sub.unsubscribe()
+        for replica in started_replicas:
+            replica.stop()
+        await cache.aclose()
+        await bus.close()
+    return {
+        "replicas": replicas,
+        "clusters": size,
+        "objects": objects,
+        "publish_s": round(published, 2),
+        "elapsed_s": round(elapsed, 2),
+        "decisions_per_s": round(objects / elapsed),
+    }
+
+
+def measure_service(objects: int, sizes: list[int], replica_counts: list[int]) -> list[Any]:
+    results = []
+    with NatsServer() as nats_server, RedisServer() as redis_server:
+        run = 0
+        for size in sizes:
+            for replicas in replica_counts:
+                run += 1
+                results.append(
+                    asyncio.run(
+                        _service_run(
+                            nats_server.url, redis_server.url, objects, size, replicas, run
+                        )
+                    )
+                )
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="per fleet size")
     parser.add_argument("--clusters", type=int, action="append", help="fleet size(s)")
+    parser.add_argument(
+        "--service-objects", type=int, default=2000, help="objects per service run (0: skip)"
+    )
+    parser.add_argument(
+        "--service-clusters", type=int, action="append", help="fleet size(s) for the service"
+    )
+    parser.add_argument(
+        "--service-replicas", type=int, action="append", help="scheduler processes per run"
+    )
     args = parser.parse_args()
     sizes = args.clusters or [10, 100, 1000]
     results = [measure(size, args.seconds) for size in sizes]
-    print(
-        json.dumps(
-            {
-                "benchmark": "scheduler core decisions/s (one core, pure, shared snapshot)",
-                "targets": {"100": 5000, "1000": 500},
-                "results": results,
-            },
-            indent=2,
-        )
-    )
+    document: dict[str, Any] = {
+        "benchmark": "scheduler core decisions/s (one core, pure, shared snapshot)",
+        "targets": {"100": 5000, "1000": 500},
+        "results": results,
+    }
+    if args.service_objects > 0:
+        document["service"] = {
+            "benchmark": (
+                "scheduler service end to end: publish N ResourceAnalyzed, time until N "
+                "PlacementDecided (real NATS + Redis, scheduler as OS processes)"
+            ),
+            "results": measure_service(
+                args.service_objects,
+                args.service_clusters or [10, 100],
+                args.service_replicas or [1, 2],
+            ),
+        }
+    print(json.dumps(document, indent=2))
 
 
 if __name__ == "__main__":

@@ -131,7 +131,9 @@ async def open_scheduler(
     bus = await Bus.connect(
         url, topology=Topology(prefix=prefix, partitions=2), producer=f"scheduler/{prefix}"
     )
-    scheduler = await Scheduler.open(bus, cache, reservation_ttl=600.0, sync_timeout=5.0)
+    scheduler = await Scheduler.open(
+        bus, cache, reservation_ttl=600.0, sync_timeout=5.0, snapshot_max_age=0.0
+    )
     tasks = [
         asyncio.create_task(scheduler.follow_placements()),
         asyncio.create_task(scheduler.follow_clusters()),

@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -102,6 +103,11 @@ class SchedulerSettings(Settings):
         gt=0,
         description="how long a decision waits for this replica to see the newest clusters",
     )
+    snapshot_max_age: float = Field(
+        default=0.05,
+        ge=0,
+        description="seconds decisions may share one capacity snapshot (0: one each)",
+    )
     capacity_prefix: str = Field(
         default=DEFAULT_PREFIX,
         min_length=1,
@@ -132,6 +138,7 @@ class Scheduler:
         clusters: KeyValueStore,
         reservation_ttl: float = 300.0,
         sync_timeout: float = 5.0,
+        snapshot_max_age: float = 0.05,
     ) -> None:
         self.bus = bus
         self.cache = cache
@@ -139,6 +146,8 @@ class Scheduler:
         self.clusters_store = clusters
         self.reservation_ttl = reservation_ttl
         self.sync_timeout = sync_timeout
+        self.snapshot_max_age = snapshot_max_age
+        self._shared: tuple[Fleet, int, float] | None = None
         self.index = state.Index()
         self.clusters = state.Clusters()
         self._index_ready = asyncio.Event()
@@ -156,6 +165,7 @@ class Scheduler:
         *,
         reservation_ttl: float = 300.0,
         sync_timeout: float = 5.0,
+        snapshot_max_age: float = 0.05,
     ) -> Scheduler:
         placements_kv = await bus.bucket(bus.topology.placements_bucket)
         clusters_kv = await bus.bucket(records.clusters_bucket(bus.topology))
@@ -166,6 +176,7 @@ class Scheduler:
             clusters=records.clusters(clusters_kv),
             reservation_ttl=reservation_ttl,
             sync_timeout=sync_timeout,
+            snapshot_max_age=snapshot_max_age,
         )
 
     @property
@@ -214,6 +225,29 @@ class Scheduler:
         except TimeoutError:
             raise Unavailable("the cluster view is behind the clusters bucket") from None
         return self.clusters.version
+
+    async def _fleet(self, view: int, *, fresh: bool) -> Fleet:
+        """The clusters and a capacity snapshot, shared by the decisions of a short window.
+
+        One snapshot read per decision would make every decision pay for reading
+        every cluster's reservations (and building the fleet, and filling the core's
+        per-fleet memos). Decisions within `snapshot_max_age` of a read share it
+        instead: no less safe, since the reservation is the atomic check, and after
+        a refused reservation the next attempt asks for a fresh one (`fresh`).
+        """
+        now = time.monotonic()
+        cached = self._shared
+        if (
+            not fresh
+            and cached is not None
+            and cached[1] == view
+            and now - cached[2] <= self.snapshot_max_age
+        ):
+            return cached[0]
+        snapshot = await self.cache.snapshot()
+        fleet = Fleet(self.clusters.live(), snapshot)
+        self._shared = (fleet, view, now)
+        return fleet
 
     # --- handlers --------------------------------------------------------------------
 
@@ -359,13 +393,13 @@ class Scheduler:
                     log.info("stale %s (%d < %d) dropped", key, cause.revision, current.revision)
                     return
             view = await self._sync_clusters()
-            snapshot = await self.cache.snapshot()
+            fleet = await self._fleet(view, fresh=bool(refused))
             previous = current.clusters if current is not None else ()
             decision = core.schedule(
                 SchedulingInput(
                     analyzed=analyzed,
                     policy=policy,
-                    fleet=Fleet(self.clusters.live(), snapshot),
+                    fleet=fleet,
                     now=datetime.now(UTC),
                     previous=previous,
                     dependency_placements=self.index.dependency_placements(
@@ -563,6 +597,7 @@ async def setup(rt: Runtime) -> None:
         cache,
         reservation_ttl=settings.reservation_ttl,
         sync_timeout=settings.sync_timeout,
+        snapshot_max_age=settings.snapshot_max_age,
     )
 
     async def hold_cache() -> None:
