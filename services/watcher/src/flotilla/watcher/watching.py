@@ -9,9 +9,14 @@ only after the sink returned, so an event is never skipped by a crash — at wor
 it is seen again, which the sink's fingerprints make harmless.
 
 It talks to the API server through kubernetes_asyncio's `ApiClient.call_api`
-rather than its `Watch` helper: that helper swallows the first 410 by re-watching
-from the same (expired) version, owns a second `ApiClient`, and hides bookmarks'
-positions from its caller, while an informer must see 410 and positions itself.
+rather than its `Watch` helper or the DynamicClient: `Watch` answers the first 410
+by re-watching from the same expired version and builds a second `ApiClient` of
+its own, and the DynamicClient (which requests without preloading) hands back
+error ``Status`` bodies as if they were objects. An informer needs to see 410
+itself and to check every status, which the raw call gives in a few lines.
+Hand-written because no maintained asyncio informer fits: kubernetes_asyncio has
+none, kopf's watch loop is bound to its operator framework, and neither keeps
+resume positions durably across restarts.
 """
 
 from __future__ import annotations
