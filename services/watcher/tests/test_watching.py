@@ -133,3 +133,16 @@ async def test_bookmarks_move_a_quiet_types_position(kubesim_factory: Any) -> No
         listed_at = int(positions.value or 0)
         await core.create_namespace({"metadata": {"name": "elsewhere"}})
         await eventually(lambda: int(positions.value or 0) > listed_at)
+
+
+async def test_a_hub_outage_is_ridden_out(kubesim_factory: Any) -> None:
+    hub = await kubesim_factory("hub", hub=True)
+    positions = MemoryPositions()
+    async with watching(hub, positions) as (sink, core):
+        await hub.set_outage(True)
+        await eventually(lambda: hub.stats()["watches"] == 0)
+        await hub.set_outage(False)
+        await core.create_namespaced_config_map("default", config_map("after"))
+        await eventually(lambda: ("changed", "after") in sink.seen)
+    # It resumed from its position rather than re-listing.
+    assert sink.relists == [[]]
