@@ -100,6 +100,8 @@ class Watcher:
         self._lock = asyncio.Lock()
         self._retry: asyncio.Task[None] | None = None
         self._policies_dirty = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._unserved: set[GroupVersionKind] = set()
         self.started = asyncio.Event()
         """Set once the policies are known and the user watches they select started."""
 
@@ -114,12 +116,15 @@ class Watcher:
                 await asyncio.wait_for(self.watches[gvk][0].synced.wait(), SYNC_TIMEOUT)
             changed_while_down = self._policies_dirty.is_set()
             self._policies_dirty.clear()
+            self._wake.clear()
             await self._apply_policies(relist=changed_while_down)
             self.started.set()
             while True:
-                await self._policies_dirty.wait()
+                await self._wake.wait()
+                self._wake.clear()
+                relist = self._policies_dirty.is_set()
                 self._policies_dirty.clear()
-                await self._apply_policies(relist=True)
+                await self._apply_policies(relist=relist)
         finally:
             tasks = [task for _, task in self.watches.values()]
             if self._retry is not None:
@@ -161,25 +166,29 @@ class Watcher:
             try:
                 await self._start_watch(gvk, resume=True)
             except InvalidObject as exc:
-                # The type is not served (yet): a CRD created after its policy.
-                # The next policy change retries; report it on the policies meanwhile.
-                await self._warn_policies(gvk, str(exc))
+                # The type is not served (yet): a CRD created after its policy. Tried
+                # again every `unserved_retry` seconds; the policies' authors hear once.
+                if gvk not in self._unserved:
+                    await self._warn_policies(gvk, str(exc))
+            else:
+                self._unserved.discard(gvk)
+        self._unserved = wanted - set(self.watched_types)
         if relist:
             # Every watched type, resumed ones included: objects that did not change
             # may still have another policy now.
             for gvk in sorted(wanted & set(self.watched_types)):
                 await self._relist(gvk)
-        if wanted - set(self.watched_types):
+        if self._unserved:
             self._retry_later()
 
     def _retry_later(self) -> None:
         """Try types that were not served again after a while (their CRD may come)."""
         if self._retry is None or self._retry.done():
-            self._retry = asyncio.create_task(self._mark_dirty_after(self.unserved_retry))
+            self._retry = asyncio.create_task(self._wake_after(self.unserved_retry))
 
-    async def _mark_dirty_after(self, delay: float) -> None:
+    async def _wake_after(self, delay: float) -> None:
         await asyncio.sleep(delay)
-        self._mark_policies_dirty()
+        self._wake.set()
 
     async def _relist(self, gvk: GroupVersionKind) -> None:
         try:
@@ -277,6 +286,7 @@ class Watcher:
 
     def _mark_policies_dirty(self) -> None:
         self._policies_dirty.set()
+        self._wake.set()
 
 
 @contextlib.asynccontextmanager
