@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, NoReturn
 
@@ -86,6 +87,8 @@ CONSUMER = ConsumerSpec(service="depdetector", event_types=("ResourceObserved", 
 WRITE_ATTEMPTS = 5
 MERGE_PATCH = "application/merge-patch+json"
 INTERPRETER_KIND = "ResourceInterpreter"
+REVISIONS_REMEMBERED = 100_000
+"""Keys whose last analysed revision is kept for dropping stale events (LRU)."""
 
 
 def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -169,7 +172,7 @@ class Detector:
         self.registry = Registry.with_builtins()
         self.recorder = kube.EventRecorder(api, COMPONENT)
         self._interpreter_types: dict[str, GroupVersionKind] = {}
-        self._revisions: dict[str, tuple[str, int]] = {}
+        self._revisions: OrderedDict[str, tuple[str, int]] = OrderedDict()
 
     @property
     def handlers(self) -> dict[str, Handler]:
@@ -253,6 +256,9 @@ class Detector:
         if seen is not None and seen[0] == envelope.uid and envelope.revision < seen[1]:
             return True
         self._revisions[envelope.key] = (envelope.uid, envelope.revision)
+        self._revisions.move_to_end(envelope.key)
+        if len(self._revisions) > REVISIONS_REMEMBERED:
+            self._revisions.popitem(last=False)
         return False
 
     @staticmethod
@@ -389,6 +395,8 @@ async def setup(rt: Runtime) -> None:
 
     async def hold_client() -> None:
         # A spawned task is cancelled at shutdown: that is when the client closes.
+        # Loops are cancelled before consumers drain, so a handler still running
+        # then fails with Unavailable and its event is redelivered (idempotent).
         try:
             await asyncio.Event().wait()
         finally:
