@@ -110,6 +110,11 @@ class Setup:
             await self.dyn.get(resource, name=meta["name"], namespace=meta.get("namespace"))
         )
 
+    async def delete(self, obj: Any) -> None:
+        resource = await self.dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        meta = obj["metadata"]
+        checked(await self.dyn.delete(resource, name=meta["name"], namespace=meta.get("namespace")))
+
     async def patch(self, obj: Any, patch: Any) -> dict[str, Any]:
         resource = await self.dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
         meta = obj["metadata"]
@@ -167,6 +172,7 @@ async def detector(
     unique: str,
     *,
     before: tuple[Any, ...] = (),
+    refresh_interval: float = 60.0,
 ) -> AsyncIterator[Setup]:
     hub: KubeSim = await kubesim_factory("hub", hub=True)
     settings = Settings(
@@ -194,7 +200,7 @@ async def detector(
             try:
                 await nc.subscribe(f"dd{unique}.events.ResourceAnalyzed.*", cb=setup.on_message)
                 await nc.flush()
-                async with service.running(rt, api) as running:
+                async with service.running(rt, api, refresh_interval=refresh_interval) as running:
                     setup.detector = running
                     yield setup
             finally:
@@ -350,6 +356,7 @@ async def test_resource_interpreters_are_loaded_at_start_and_follow_changes(
 
         # The interpreter is deleted: the type falls back to an opaque `any`.
         interpreter = await s.get(FLINK_INTERPRETER)
+        await s.delete(FLINK_INTERPRETER)
         change = events.ConfigChanged(
             ref=events.ObjectRef.of(interpreter), object=interpreter, deleted=True
         )
@@ -362,3 +369,15 @@ async def test_resource_interpreters_are_loaded_at_start_and_follow_changes(
         await s.observe(relabelled)
         latest = (await eventually(lambda: s.analyses("job")[1:]))[0]
         assert latest.components == []
+
+
+async def test_interpreters_written_to_the_hub_are_picked_up_without_an_event(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    # Another replica consumed the ConfigChanged: this one only sees the hub.
+    flink_type = GroupVersionKind("flink.apache.org", "v1beta1", "FlinkDeployment")
+    async with detector(kubesim_factory, nats_server, unique, refresh_interval=0.2) as s:
+        assert s.detector.registry.lookup(flink_type).source == "default"
+        await s.create(FLINK_INTERPRETER)
+        await eventually(lambda: s.detector.registry.lookup(flink_type).source != "default")
+        assert s.detector.registry.lookup(flink_type).source == "ResourceInterpreter/flink"

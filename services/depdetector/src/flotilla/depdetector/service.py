@@ -28,9 +28,10 @@ Decisions where the brief is silent:
   fix and `InvalidObject`, so the bus dead-letters that one message while other
   objects keep flowing. A fixed object is a new observation and flows again.
 * **Interpreters**: every replica lists the hub's ResourceInterpreters at start,
-  then applies the `ConfigChanged` events it consumes. (With several replicas an
-  interpreter change reaches only the replica owning its key's partition until
-  the others restart — a known limit, see the issue 4 report.)
+  applies the `ConfigChanged` events it consumes at once, and re-lists every
+  `INTERPRETER_REFRESH` seconds, because a `ConfigChanged` reaches only the
+  replica owning its key's partition. Objects already analysed are not
+  re-analysed when their interpreter changes; their next change uses it.
 * **Stale events**: an observation with a lower revision than one already
   analysed for the same object (same uid) on this replica is acknowledged and
   dropped (ARCHITECTURE.md principle 1).
@@ -87,6 +88,8 @@ CONSUMER = ConsumerSpec(service="depdetector", event_types=("ResourceObserved", 
 WRITE_ATTEMPTS = 5
 MERGE_PATCH = "application/merge-patch+json"
 INTERPRETER_KIND = "ResourceInterpreter"
+INTERPRETER_REFRESH = 30.0
+"""Seconds between reloads of the hub's ResourceInterpreters (see `refresh_interpreters`)."""
 REVISIONS_REMEMBERED = 100_000
 """Keys whose last analysed revision is kept for dropping stale events (LRU)."""
 
@@ -180,18 +183,44 @@ class Detector:
 
     # -- interpreters ----------------------------------------------------------------
 
-    async def load_interpreters(self) -> None:
-        """Register every ResourceInterpreter the hub holds (bad ones are reported)."""
+    async def load_interpreters(self, *, report: bool = True) -> None:
+        """Replace the declared interpreters with the hub's ResourceInterpreters.
+
+        Invalid ones are skipped; with `report` their authors get a Warning Event
+        (the periodic refresh does not repeat it).
+        """
         resource = await kube.resource_for(self.dyn, API_VERSION, INTERPRETER_KIND)
         try:
             listed = checked(await self.dyn.get(resource))
         except Exception as exc:
             raise kube.translate(exc) from exc
+        registry = Registry.with_builtins()
+        types: dict[str, GroupVersionKind] = {}
         for item in listed.get("items") or []:
             item.setdefault("apiVersion", API_VERSION)
             item.setdefault("kind", INTERPRETER_KIND)
-            with contextlib.suppress(InvalidObject):
-                await self._register(item)
+            name = str(_metadata(item).get("name"))
+            try:
+                types[name] = registry.register(parse_as(ResourceInterpreter, item)).gvk
+            except (InvalidObjectError, InvalidInterpreterError, DuplicateInterpreterError) as exc:
+                log.warning("skipping ResourceInterpreter %s: %s", name, exc)
+                if report:
+                    with contextlib.suppress(FlotillaError):
+                        await self.recorder.warning(item, "InvalidInterpreter", str(exc))
+        self.registry, self._interpreter_types = registry, types
+
+    async def refresh_interpreters(self, interval: float) -> None:
+        """Reload the interpreters every `interval` seconds, until cancelled.
+
+        A `ConfigChanged` reaches only the replica that owns its key's partition;
+        this bounds how long the other replicas use an outdated interpreter.
+        """
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.load_interpreters(report=False)
+            except FlotillaError as exc:
+                log.warning("could not refresh interpreters: %s", exc)
 
     async def on_changed(self, envelope: Envelope) -> None:
         payload = envelope.payload
@@ -376,13 +405,20 @@ def _describe(entry: DependencyEntry) -> str:
 
 
 @contextlib.asynccontextmanager
-async def running(rt: Runtime, api: ApiClient) -> AsyncIterator[Detector]:
+async def running(
+    rt: Runtime, api: ApiClient, *, refresh_interval: float = INTERPRETER_REFRESH
+) -> AsyncIterator[Detector]:
     """The detector consuming on `rt` with the hub client `api` (kept open by the caller)."""
     async with DynamicClient(api) as dyn:
         detector = Detector(rt.bus, api, dyn)
         await detector.load_interpreters()
         rt.consume(CONSUMER, detector.handlers)
-        yield detector
+        refresh = asyncio.create_task(detector.refresh_interpreters(refresh_interval))
+        try:
+            yield detector
+        finally:
+            refresh.cancel()
+            await asyncio.gather(refresh, return_exceptions=True)
 
 
 async def setup(rt: Runtime) -> None:
@@ -392,6 +428,7 @@ async def setup(rt: Runtime) -> None:
     detector = Detector(rt.bus, api, dyn)
     await detector.load_interpreters()
     rt.consume(CONSUMER, detector.handlers)
+    rt.spawn("interpreters", lambda: detector.refresh_interpreters(INTERPRETER_REFRESH))
 
     async def hold_client() -> None:
         # A spawned task is cancelled at shutdown: that is when the client closes.
