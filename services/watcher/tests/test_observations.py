@@ -193,12 +193,19 @@ def test_an_older_observation_never_replaces_a_newer_one() -> None:
 
 
 def test_deletion_of_a_published_object_names_its_policy() -> None:
-    before = published(deployment(), [cluster_policy()])
-    change = observations.resource_deleted(observations.stub(deployment()), before, 30)
+    policies = [cluster_policy(maxClusters=3)]
+    before = published(deployment(), policies)
+    change = observations.resource_deleted(observations.stub(deployment()), before, 30, policies)
     assert change is not None and change.record is None and change.revision == 30
     assert isinstance(change.payload, events.ResourceObserved)
     assert change.payload.deleted and change.payload.policy == before.policy
+    assert change.payload.policy_spec is not None
+    assert change.payload.policy_spec["maxClusters"] == 3
     assert change.payload.object["metadata"]["name"] == "web"
+    # The policy went first: the deletion still names it, without a spec.
+    orphan = observations.resource_deleted(deployment(), before, 31, [])
+    assert orphan is not None and isinstance(orphan.payload, events.ResourceObserved)
+    assert orphan.payload.policy == before.policy and orphan.payload.policy_spec is None
 
 
 def test_deletion_of_an_unknown_object_is_not_published() -> None:

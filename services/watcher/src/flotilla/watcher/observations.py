@@ -260,12 +260,34 @@ def resource_observed(
     return _change(payload, obj, fingerprint, record)
 
 
-def resource_deleted(obj: Mapping[str, Any], known: Record | None, revision: int) -> Change | None:
-    """A user object is gone (a DELETED watch event, or missing from a re-list)."""
+def resource_deleted(
+    obj: Mapping[str, Any],
+    known: Record | None,
+    revision: int,
+    policies: Iterable[Policy] = (),
+) -> Change | None:
+    """A user object is gone (a DELETED watch event, or missing from a re-list).
+
+    It names the policy that governed it, with that policy's spec while the policy
+    still exists.
+    """
     if known is None:
         return None
-    ref = ObjectRef.of(dict(obj))
-    payload = events.ResourceObserved(ref=ref, object=dict(obj), deleted=True, policy=known.policy)
+    spec = next(
+        (
+            policy_spec(p)
+            for p in policies
+            if known.policy is not None and policy_ref(p) == known.policy
+        ),
+        None,
+    )
+    payload = events.ResourceObserved(
+        ref=ObjectRef.of(dict(obj)),
+        object=dict(obj),
+        deleted=True,
+        policy=known.policy,
+        policy_spec=spec,
+    )
     return _change(payload, obj, "deleted", None, revision=revision)
 
 

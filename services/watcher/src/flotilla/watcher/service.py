@@ -252,7 +252,7 @@ class Watcher:
             if obj.get("kind") in POLICY_KINDS and self.policies.pop(key, None) is not None:
                 self._mark_policies_dirty()
         else:
-            change = observations.resource_deleted(obj, known, revision)
+            change = observations.resource_deleted(obj, known, revision, self.policies.values())
         await self._apply(change)
 
     async def _apply(self, change: Change | None) -> None:
