@@ -235,3 +235,60 @@ async def test_a_selected_type_the_hub_does_not_serve_yet_is_watched_once_it_is(
         await h.create(gadget)
         await eventually(lambda: h.observed("g"))
         assert [t.kind for t in h.watcher.watched_types] == ["Gadget"]
+
+
+async def test_clusters_and_config_objects_are_published(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    async with harness(kubesim_factory, nats_server, unique) as h:
+        cluster = await h.create(
+            {
+                "apiVersion": "flotilla.io/v1alpha1",
+                "kind": "Cluster",
+                "metadata": {"name": "us-east", "labels": {"region": "us"}},
+                "spec": {"kubeconfigSecretRef": {"namespace": "flotilla-system", "name": "us"}},
+            }
+        )
+        transformation = {
+            "apiVersion": "flotilla.io/v1alpha1",
+            "kind": "ClusterTransformation",
+            "metadata": {"name": "gpu"},
+            "spec": {
+                "transformations": [
+                    {"targetClusters": ["us-east"], "patchType": "merge", "patch": {"spec": {}}}
+                ]
+            },
+        }
+        await h.create(transformation)
+
+        def clusters() -> list[events.ClusterObserved]:
+            return [e.payload for e in h.events if isinstance(e.payload, events.ClusterObserved)]
+
+        await eventually(clusters)
+        assert clusters()[0].cluster == "us-east"
+        await eventually(
+            lambda: [e for e in h.events if e.key.endswith("ClusterTransformation/_/gpu")]
+        )
+
+        # A heartbeat (status) is news for a Cluster.
+        resource = await h.dyn.resources.get(api_version="flotilla.io/v1alpha1", kind="Cluster")
+        status = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "Up",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    }
+                ]
+            }
+        }
+        await h.dyn.patch(
+            resource.subresources["status"],
+            status,
+            name=cluster["metadata"]["name"],
+            content_type="application/merge-patch+json",
+        )
+        await eventually(lambda: len(clusters()) == 2)
+        assert clusters()[1].object["status"]["conditions"][0]["status"] == "True"
