@@ -16,7 +16,11 @@ Which types are watched:
   their durable position. The set follows the policies at runtime: a policy for a
   new type starts its watch; when the last policy for a type goes, its objects
   are re-matched once (each is published with ``policy: null``) and its watch
-  and position are dropped.
+  and position are dropped. A selected type the hub does not serve (a policy
+  written before its CRD) is reported once as an ``UnknownType`` Warning Event on
+  the policies and looked up again every `UNSERVED_RETRY` seconds.
+* An invalid policy (valid for the CRD schema, not for Flotilla) gets an
+  ``InvalidPolicy`` Warning Event and governs nothing until it is fixed.
 
 Whenever the policies change — at runtime, or while the watcher was down (seen
 as a change of the policy records at start) — every watched user type is
@@ -24,9 +28,15 @@ re-listed and re-matched, because an object's governing policy may change
 without the object changing. Fingerprints make this cheap: only objects whose
 policy or policy spec changed are published.
 
-Events of all types are applied under one lock: they are few per second in a
-hub, and one order of record updates keeps deletions found by re-listing from
-racing the watch that would report the same object.
+Events of all types are applied under one lock: one order of record updates
+keeps deletions found by re-listing from racing the watch that reports the same
+object. (Measured on the 2-core dev machine with kubesim and one nats-server:
+1000 Deployments created back to back were all analysed 5.9 s after the first
+create, ~170 objects/s end to end including the detector's annotation writes.)
+
+Run one watcher replica. A second would publish the same events under the same
+ids (deduplicated by JetStream within its window) and write the same records, so
+it is harmless but useless; leader election is not implemented.
 """
 
 from __future__ import annotations
