@@ -556,6 +556,7 @@ async def service_process(module: str, settings: Settings, log_path: Path) -> As
             await process.wait()
 
 
+@pytest.mark.slow  # two interpreter start-ups: 4-7 s
 async def test_a_killed_watcher_process_loses_nothing_and_the_processes_stop_cleanly(
     hub: KubeSim,
     event_log: EventLog,
