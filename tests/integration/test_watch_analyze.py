@@ -7,7 +7,8 @@ What each test proves:
   dependencies, and the ``flotilla.io/dependencies`` annotation appears on the hub;
   Flotilla's own annotation writes do not trigger a new analysis, a user's do;
 * a watcher that is stopped and started again publishes every change made while it
-  was down — by resuming its watch, or by re-listing when the position expired;
+  was down — by resuming its watch, or by re-listing when the position expired —
+  also when it is a real process killed with SIGKILL;
 * a policy for a CRD created after the watcher started is honoured without a
   restart, and deleting it stops that watch.
 """
@@ -556,7 +557,7 @@ async def service_process(module: str, settings: Settings, log_path: Path) -> As
             await process.wait()
 
 
-@pytest.mark.slow  # two interpreter start-ups: 4-7 s
+@pytest.mark.slow  # three Python process start-ups: 4-7 s
 async def test_a_killed_watcher_process_loses_nothing_and_the_processes_stop_cleanly(
     hub: KubeSim,
     event_log: EventLog,
