@@ -34,13 +34,12 @@ from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.dynamic import DynamicClient
 from nats.aio.msg import Msg
 
-from flotilla.common import events
+from flotilla.common import events, kube
 from flotilla.common.api import DEPENDENCIES_ANNOTATION, PLACEMENT_ANNOTATION
 from flotilla.common.config import Settings
 from flotilla.common.infra import NatsServer
 from flotilla.common.service import Runtime
 from flotilla.depdetector import service as depdetector
-from flotilla.depdetector.service import checked
 from flotilla.kubesim.server import KubeSim
 from flotilla.watcher import service as watcher
 
@@ -301,11 +300,11 @@ class Hub:
         return await self.dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
 
     async def create(self, obj: Any) -> dict[str, Any]:
-        return checked(await self.dyn.create(await self._resource(obj), body=obj))
+        return kube.checked(await self.dyn.create(await self._resource(obj), body=obj))
 
     async def patch(self, obj: Any, patch: Any) -> dict[str, Any]:
         meta = obj["metadata"]
-        return checked(
+        return kube.checked(
             await self.dyn.patch(
                 await self._resource(obj),
                 patch,
@@ -317,7 +316,7 @@ class Hub:
 
     async def get(self, obj: Any) -> dict[str, Any]:
         meta = obj["metadata"]
-        return checked(
+        return kube.checked(
             await self.dyn.get(
                 await self._resource(obj), name=meta["name"], namespace=meta.get("namespace")
             )
@@ -325,7 +324,7 @@ class Hub:
 
     async def delete(self, obj: Any) -> None:
         meta = obj["metadata"]
-        checked(
+        kube.checked(
             await self.dyn.delete(
                 await self._resource(obj), name=meta["name"], namespace=meta.get("namespace")
             )

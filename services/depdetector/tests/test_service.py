@@ -20,14 +20,13 @@ from kubernetes_asyncio import config
 from kubernetes_asyncio.dynamic import DynamicClient
 from nats.aio.msg import Msg
 
-from flotilla.common import events
+from flotilla.common import events, kube
 from flotilla.common.api import DEPENDENCIES_ANNOTATION, STRATEGY_ANNOTATION, GroupVersionKind
 from flotilla.common.bus import Bus
 from flotilla.common.config import Settings
 from flotilla.common.infra import NatsServer
 from flotilla.common.service import Runtime
 from flotilla.depdetector import service
-from flotilla.depdetector.service import checked
 from flotilla.kubesim.server import KubeSim
 
 from .builders import FLINK_INTERPRETER, container, manifest, pod_spec, template
@@ -101,24 +100,26 @@ class Setup:
 
     async def create(self, obj: Any) -> dict[str, Any]:
         resource = await self.dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-        return checked(await self.dyn.create(resource, body=obj))
+        return kube.checked(await self.dyn.create(resource, body=obj))
 
     async def get(self, obj: Any) -> dict[str, Any]:
         resource = await self.dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
         meta = obj["metadata"]
-        return checked(
+        return kube.checked(
             await self.dyn.get(resource, name=meta["name"], namespace=meta.get("namespace"))
         )
 
     async def delete(self, obj: Any) -> None:
         resource = await self.dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
         meta = obj["metadata"]
-        checked(await self.dyn.delete(resource, name=meta["name"], namespace=meta.get("namespace")))
+        kube.checked(
+            await self.dyn.delete(resource, name=meta["name"], namespace=meta.get("namespace"))
+        )
 
     async def patch(self, obj: Any, patch: Any) -> dict[str, Any]:
         resource = await self.dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
         meta = obj["metadata"]
-        return checked(
+        return kube.checked(
             await self.dyn.patch(
                 resource,
                 patch,

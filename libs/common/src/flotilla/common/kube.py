@@ -56,6 +56,21 @@ async def resource_for(dyn: DynamicClient, api_version: str, kind: str) -> Any:
         ) from exc
 
 
+def checked(result: Any) -> JsonObject:
+    """A DynamicClient result as a dict, or the `ApiException` it stands for.
+
+    kubernetes_asyncio's DynamicClient requests without preloading, and its REST
+    layer only raises for non-2xx answers when it preloads: a 404 or 409 comes back
+    as a ``Status`` object instead of an exception. This restores the exception.
+    """
+    body: JsonObject = result.to_dict() if hasattr(result, "to_dict") else dict(result)
+    if body.get("kind") == "Status" and body.get("status") == "Failure":
+        exc = ApiException(status=int(body.get("code") or 500), reason=str(body.get("reason")))
+        exc.body = json.dumps(body).encode()
+        raise exc
+    return body
+
+
 def translate(exc: BaseException) -> FlotillaError:
     """Map a kubernetes_asyncio / aiohttp failure onto Flotilla's error vocabulary."""
     if isinstance(exc, FlotillaError):

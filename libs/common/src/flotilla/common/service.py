@@ -76,6 +76,7 @@ class Runtime:
         self.consumers: list[Consumer] = []
         self._consumer_tasks: list[asyncio.Task[None]] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._closers: list[Callable[[], Awaitable[object]]] = []
         self._stopped = asyncio.Event()
 
     @classmethod
@@ -139,6 +140,11 @@ class Runtime:
         """Run a long-running loop (a watch, a ticker) under `guarded`."""
         self._tasks.append(asyncio.create_task(guarded(name, factory), name=name))
 
+    def on_close(self, closer: Callable[[], Awaitable[object]]) -> None:
+        """Run `closer` at shutdown after consumers have drained (last registered first):
+        the place to close clients that handlers use."""
+        self._closers.append(closer)
+
     def stop(self) -> None:
         self._stopped.set()
 
@@ -163,6 +169,11 @@ class Runtime:
             for task in late:
                 task.cancel()
             await asyncio.gather(*self._consumer_tasks, return_exceptions=True)
+        for closer in reversed(self._closers):
+            try:
+                await closer()
+            except Exception:
+                log.exception("closing %r failed", closer)
 
 
 def main(

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
@@ -97,21 +96,6 @@ REVISIONS_REMEMBERED = 100_000
 def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     metadata = obj.get("metadata")
     return metadata if isinstance(metadata, Mapping) else {}
-
-
-def checked(result: Any) -> JsonObject:
-    """A DynamicClient result as a dict, or the `ApiException` it stands for.
-
-    kubernetes_asyncio's DynamicClient requests without preloading, and its REST
-    layer only raises for non-2xx answers when it preloads: a 404 or 409 comes back
-    as a ``Status`` object instead of an exception. This restores the exception.
-    """
-    body: JsonObject = result.to_dict() if hasattr(result, "to_dict") else dict(result)
-    if body.get("kind") == "Status" and body.get("status") == "Failure":
-        exc = ApiException(status=int(body.get("code") or 500), reason=str(body.get("reason")))
-        exc.body = json.dumps(body).encode()
-        raise exc
-    return body
 
 
 def _annotation(obj: Mapping[str, Any]) -> str | None:
@@ -191,7 +175,7 @@ class Detector:
         """
         resource = await kube.resource_for(self.dyn, API_VERSION, INTERPRETER_KIND)
         try:
-            listed = checked(await self.dyn.get(resource))
+            listed = kube.checked(await self.dyn.get(resource))
         except Exception as exc:
             raise kube.translate(exc) from exc
         registry = Registry.with_builtins()
@@ -338,7 +322,7 @@ class Detector:
                 }
             }
             try:
-                checked(
+                kube.checked(
                     await self.dyn.patch(
                         resource,
                         patch,
@@ -368,7 +352,7 @@ class Detector:
 
     async def _get(self, resource: Any, name: str, namespace: str | None) -> JsonObject | None:
         try:
-            return checked(
+            return kube.checked(
                 await self.dyn.get(
                     resource, name=name, namespace=namespace if resource.namespaced else None
                 )
@@ -429,14 +413,4 @@ async def setup(rt: Runtime) -> None:
     await detector.load_interpreters()
     rt.consume(CONSUMER, detector.handlers)
     rt.spawn("interpreters", lambda: detector.refresh_interpreters(INTERPRETER_REFRESH))
-
-    async def hold_client() -> None:
-        # A spawned task is cancelled at shutdown: that is when the client closes.
-        # Loops are cancelled before consumers drain, so a handler still running
-        # then fails with Unavailable and its event is redelivered (idempotent).
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await api.close()
-
-    rt.spawn("hub-client", hold_client)
+    rt.on_close(api.close)  # after the consumer has drained its in-flight handlers
