@@ -62,6 +62,16 @@ async def test_runtime_consumes_serves_health_and_shuts_down(
                 await asyncio.sleep(0.01)
 
         runtime.spawn("ticker", ticker)
+        order: list[str] = []
+
+        async def close_client() -> None:
+            order.append("client")
+
+        async def close_cache() -> None:
+            order.append("cache")
+
+        runtime.on_close(close_client)
+        runtime.on_close(close_cache)
         payload = events.ClusterObserved(cluster="us-east", object={"kind": "Cluster"})
         await runtime.bus.publish(events.envelope(payload, key="Cluster/us-east", producer="t"))
         await asyncio.wait_for(seen.wait(), 20)
@@ -74,4 +84,5 @@ async def test_runtime_consumes_serves_health_and_shuts_down(
         assert 'flotilla_events_handled_total{type="ClusterObserved"} 1.0' in text
         assert ticks > 0
     assert runtime.bus.nc.is_closed
+    assert order == ["cache", "client"]
     assert all(task.done() for task in runtime._tasks)
