@@ -217,6 +217,29 @@ async def test_an_invalid_policy_is_reported_and_governs_nothing(
         assert h.observed("lonely") == []
 
 
+async def test_an_unusable_transformation_is_reported_to_its_author(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    async with harness(kubesim_factory, nats_server, unique) as h:
+        # Both ways of choosing clusters in one rule: the contract allows exactly one.
+        rule = {
+            "targetClusters": ["eu-west"],
+            "targetSelector": {"matchLabels": {"region": "eu"}},
+            "patchType": "merge",
+            "patch": {"metadata": {"labels": {"a": "b"}}},
+        }
+        await h.create(
+            {
+                "apiVersion": "flotilla.io/v1alpha1",
+                "kind": "Transformation",
+                "metadata": {"name": "both", "namespace": NS},
+                "spec": {"transformations": [rule]},
+            }
+        )
+        messages = await eventually(lambda: h.warnings("InvalidTransformation", NS))
+        assert "targetSelector" in messages[0]
+
+
 async def test_a_selected_type_the_hub_does_not_serve_yet_is_watched_once_it_is(
     kubesim_factory: Any, nats_server: NatsServer, unique: str
 ) -> None:

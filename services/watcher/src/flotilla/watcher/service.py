@@ -58,6 +58,7 @@ from flotilla.common.api import (
     InvalidObjectError,
     PlacementPolicy,
     parse_as,
+    parse_object,
 )
 from flotilla.common.bus import Bus
 from flotilla.common.errors import FlotillaError, InvalidObject
@@ -246,6 +247,8 @@ class Watcher:
                     # Also when nothing is published: after a restart the records are
                     # unchanged but the policies must be known again.
                     await self._policy_changed(key, obj)
+                elif change is not None:
+                    await self._check_config(obj)
             else:
                 change = observations.resource_observed(obj, self.policies.values(), known)
             await self._apply(change)
@@ -293,6 +296,15 @@ class Watcher:
                 await self.recorder.warning(obj, "InvalidPolicy", str(exc))
             return
         self.policies[key] = policy
+
+    async def _check_config(self, obj: JsonObject) -> None:
+        """Tell the user at once when a Cluster, interpreter or transformation they
+        wrote cannot be used; the services that consume it refuse it too."""
+        try:
+            parse_object(str(obj.get("kind")), obj)
+        except InvalidObjectError as exc:
+            with contextlib.suppress(FlotillaError):
+                await self.recorder.warning(obj, f"Invalid{obj.get('kind')}", str(exc))
 
     def _mark_policies_dirty(self) -> None:
         self._policies_dirty.set()
