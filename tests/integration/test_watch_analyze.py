@@ -531,6 +531,45 @@ async def test_policy_for_a_crd_created_after_start_is_honoured_without_restart(
         await eventually(lambda: service.watched_types == [], what="the Widget watch to stop")
 
 
+async def test_an_interpreter_change_reanalyses_the_objects_it_governs(
+    hub: KubeSim, event_log: EventLog, settings_for: Callable[[str], Settings]
+) -> None:
+    def interpreter(replicas_path: str) -> Any:
+        return {
+            "apiVersion": "flotilla.io/v1alpha1",
+            "kind": "ResourceInterpreter",
+            "metadata": {"name": "widgets"},
+            "spec": {
+                "target": {"apiVersion": "example.com/v1", "kind": "Widget"},
+                "strategy": "split",
+                "replicas": {"path": replicas_path},
+            },
+        }
+
+    widget_key = key("w1", "Widget", "example.com/v1")
+
+    def analysed_with(replicas: int) -> Callable[[events.Envelope], bool]:
+        return lambda e: getattr(e.payload, "replicas", None) == replicas
+
+    async with (
+        hub_writer(hub) as writes,
+        running_watcher(settings_for("watcher"), hub),
+        running_detector(settings_for("depdetector"), hub),
+    ):
+        await writes.create(WIDGET_CRD)
+        rule = await writes.create(interpreter(".spec.size"))
+        await writes.create(cluster_policy("widgets", "example.com/v1", "Widget"))
+        item = widget("w1")
+        item["spec"]["count"] = 5
+        await writes.create(item)
+        first = await event_log.wait_for("ResourceAnalyzed", widget_key, where=analysed_with(1))
+        assert first.payload.strategy == "split"  # type: ignore[union-attr]
+
+        # Only the interpreter changes, not the object: the object is analysed again.
+        await writes.patch(rule, {"spec": {"replicas": {"path": ".spec.count"}}})
+        await event_log.wait_for("ResourceAnalyzed", widget_key, where=analysed_with(5))
+
+
 @contextlib.asynccontextmanager
 async def service_process(module: str, settings: Settings, log_path: Path) -> AsyncIterator[Any]:
     """``python -m <module>`` as a real process; the block may kill it."""

@@ -174,6 +174,20 @@ def test_a_policy_spec_change_republishes_the_unchanged_object_under_a_new_id() 
     assert after.envelope("w").id == after.envelope("w").id
 
 
+def test_an_interpreter_change_republishes_the_unchanged_object_carrying_it() -> None:
+    old = {"metadata": {"name": "deploys"}, "spec": {"replicas": {"path": ".spec.replicas"}}}
+    new = {"metadata": {"name": "deploys"}, "spec": {"replicas": {"path": ".spec.size"}}}
+    before = observations.resource_observed(deployment(), [cluster_policy()], None, old)
+    assert before is not None
+    same = observations.resource_observed(deployment(), [cluster_policy()], before.record, old)
+    after = observations.resource_observed(deployment(), [cluster_policy()], before.record, new)
+    assert same is None
+    assert after is not None
+    assert isinstance(after.payload, events.ResourceObserved)
+    assert after.payload.interpreter == new
+    assert after.envelope("w").id != before.envelope("w").id
+
+
 def test_losing_the_last_policy_publishes_once_without_policy_and_forgets() -> None:
     before = published(deployment(), [cluster_policy()])
     change = observations.resource_observed(deployment(), [], before)

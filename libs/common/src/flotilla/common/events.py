@@ -105,6 +105,12 @@ class ResourceObserved(_Model):
     deleted: bool = False
     policy: PolicyRef | None = None
     policy_spec: JsonObject | None = None
+    interpreter: JsonObject | None = Field(
+        default=None,
+        description="the hub's ResourceInterpreter for this object's type, if one is "
+        "declared; carried so that analysis uses exactly the interpreter the watcher "
+        "saw, and an interpreter change re-analyses the objects it governs",
+    )
 
 
 class ClusterObserved(_Model):

@@ -30,8 +30,10 @@ Decisions where the brief is silent:
 * **Interpreters**: every replica lists the hub's ResourceInterpreters at start,
   applies the `ConfigChanged` events it consumes at once, and re-lists every
   `INTERPRETER_REFRESH` seconds, because a `ConfigChanged` reaches only the
-  replica owning its key's partition. Objects already analysed are not
-  re-analysed when their interpreter changes; their next change uses it.
+  replica owning its key's partition. A `ResourceObserved` that carries its
+  type's interpreter (the watcher attaches it, and re-publishes the objects of a
+  type whose interpreter changed) is analysed with exactly that one, so an
+  interpreter change re-analyses what it governs without racing the registry.
 * **Stale events**: an observation with a lower revision than one already
   analysed for the same object (same uid) on this replica is acknowledged and
   dropped (ARCHITECTURE.md principle 1).
@@ -41,6 +43,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
@@ -49,6 +53,7 @@ from typing import Any, NoReturn
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.dynamic import DynamicClient
+from pydantic import ValidationError
 
 from flotilla.common import events, kube
 from flotilla.common.api import (
@@ -58,6 +63,7 @@ from flotilla.common.api import (
     GroupVersionKind,
     InvalidObjectError,
     ResourceInterpreter,
+    ResourceInterpreterSpec,
     Strategy,
     dump_dependencies,
     parse_as,
@@ -235,7 +241,7 @@ class Detector:
             log.info("dropping stale observation of %s at %d", envelope.key, envelope.revision)
             return
         obj = observed.object
-        interpreter = self.registry.for_object(obj)
+        interpreter = await self._interpreter(observed)
         if observed.deleted:
             deleted = events.ResourceAnalyzed(
                 ref=observed.ref,
@@ -263,6 +269,15 @@ class Detector:
         await self._write_annotation(observed.ref, obj, dump_dependencies(merged), interpreter)
         await self._report_missing(obj, merged)
         await self._publish(envelope, analysis(observed, interpretation, merged))
+
+    async def _interpreter(self, observed: events.ResourceObserved) -> Interpreter:
+        """The interpreter the event carries, else the registry's for the type."""
+        if observed.interpreter is None:
+            return self.registry.for_object(observed.object)
+        try:
+            return _compiled(json.dumps(observed.interpreter, sort_keys=True))
+        except (ValidationError, InvalidInterpreterError, KeyError) as exc:
+            await self._reject(observed.object, "InvalidInterpreter", str(exc))
 
     def _is_stale(self, envelope: Envelope) -> bool:
         seen = self._revisions.get(envelope.key)
@@ -381,6 +396,14 @@ class Detector:
                 "depends on objects that do not exist in the hub, so they cannot be synced "
                 f"to its clusters: {', '.join(missing)}",
             )
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(interpreter_json: str) -> Interpreter:
+    """Compile an interpreter carried by an event once per distinct body."""
+    body = json.loads(interpreter_json)
+    spec = ResourceInterpreterSpec.model_validate(body["spec"])
+    return Interpreter.compile(spec, f"ResourceInterpreter/{body['metadata']['name']}")
 
 
 def _describe(entry: DependencyEntry) -> str:

@@ -194,9 +194,12 @@ def policy_spec(policy: Policy) -> JsonObject:
     return policy.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-def resource_fingerprint(obj: Mapping[str, Any], policy: Policy | None) -> str:
+def resource_fingerprint(
+    obj: Mapping[str, Any], policy: Policy | None, interpreter: JsonObject | None = None
+) -> str:
     governing = None if policy is None else [policy_ref(policy).model_dump(), policy_spec(policy)]
-    return _digest({"object": user_view(obj), "policy": governing})
+    interpreted_by = None if interpreter is None else interpreter.get("spec")
+    return _digest({"object": user_view(obj), "policy": governing, "interpreter": interpreted_by})
 
 
 def config_fingerprint(obj: Mapping[str, Any]) -> str:
@@ -237,9 +240,14 @@ def is_stale(obj: Mapping[str, Any], known: Record | None) -> bool:
 
 
 def resource_observed(
-    obj: Mapping[str, Any], policies: Iterable[Policy], known: Record | None
+    obj: Mapping[str, Any],
+    policies: Iterable[Policy],
+    known: Record | None,
+    interpreter: JsonObject | None = None,
 ) -> Change | None:
-    """A user object was added or modified (or re-listed)."""
+    """A user object was added or modified (or re-listed); `interpreter` is the hub's
+    ResourceInterpreter for its type, if any (a change of it is a change of the object's
+    analysis, so it is part of the fingerprint)."""
     if is_stale(obj, known):
         return None
     ref = ObjectRef.of(dict(obj))
@@ -250,12 +258,16 @@ def resource_observed(
         fingerprint = resource_fingerprint(obj, None)
         payload: events.AnyPayload = events.ResourceObserved(ref=ref, object=dict(obj))
         return _change(payload, obj, fingerprint, None)
-    fingerprint = resource_fingerprint(obj, policy)
+    fingerprint = resource_fingerprint(obj, policy, interpreter)
     record = _record(obj, fingerprint, policy_ref(policy))
     if known is not None and known.fingerprint == fingerprint and known.uid == record.uid:
         return None
     payload = events.ResourceObserved(
-        ref=ref, object=dict(obj), policy=record.policy, policy_spec=policy_spec(policy)
+        ref=ref,
+        object=dict(obj),
+        policy=record.policy,
+        policy_spec=policy_spec(policy),
+        interpreter=interpreter,
     )
     return _change(payload, obj, fingerprint, record)
 

@@ -57,6 +57,7 @@ from flotilla.common.api import (
     GroupVersionKind,
     InvalidObjectError,
     PlacementPolicy,
+    ResourceInterpreter,
     parse_as,
     parse_object,
 )
@@ -75,6 +76,7 @@ log = logging.getLogger(__name__)
 JsonObject = dict[str, Any]
 
 COMPONENT = "flotilla-watcher"
+INTERPRETER_TYPE = GroupVersionKind.from_api_version(API_VERSION, "ResourceInterpreter")
 CONFIG_TYPES = tuple(
     GroupVersionKind.from_api_version(API_VERSION, kind)
     for kind in (CLUSTER_KIND, *sorted(CONFIG_KINDS))
@@ -107,6 +109,9 @@ class Watcher:
         self.recorder = kube.EventRecorder(api, COMPONENT)
         self.producer = bus.producer
         self.policies: dict[str, Policy] = {}
+        self.interpreters: dict[str, tuple[GroupVersionKind, JsonObject]] = {}
+        """Valid ResourceInterpreters by key: the type each targets and what events carry."""
+        self._reinterpret: set[GroupVersionKind] = set()
         self.watches: dict[GroupVersionKind, tuple[TypeWatch, asyncio.Task[None]]] = {}
         self._lock = asyncio.Lock()
         self._retry: asyncio.Task[None] | None = None
@@ -123,12 +128,18 @@ class Watcher:
         try:
             for gvk in CONFIG_TYPES:
                 await self._start_watch(gvk, resume=False)
-            for gvk in POLICY_TYPES:
+            for gvk in (*POLICY_TYPES, INTERPRETER_TYPE):
                 await asyncio.wait_for(self.watches[gvk][0].synced.wait(), SYNC_TIMEOUT)
             changed_while_down = self._policies_dirty.is_set()
             self._policies_dirty.clear()
             self._wake.clear()
             await self._apply_policies(relist=changed_while_down)
+            # An interpreter may have changed while we were down: re-list its types
+            # (objects whose fingerprint did not change publish nothing).
+            reinterpret, self._reinterpret = self._reinterpret, set()
+            if not changed_while_down:
+                for gvk in sorted(reinterpret & set(self.watched_types)):
+                    await self._relist(gvk)
             self.started.set()
             while True:
                 await self._wake.wait()
@@ -136,6 +147,10 @@ class Watcher:
                 relist = self._policies_dirty.is_set()
                 self._policies_dirty.clear()
                 await self._apply_policies(relist=relist)
+                reinterpret, self._reinterpret = self._reinterpret, set()
+                for gvk in sorted(reinterpret & set(self.watched_types)):
+                    if not relist:
+                        await self._relist(gvk)
         finally:
             tasks = [task for _, task in self.watches.values()]
             if self._retry is not None:
@@ -247,10 +262,14 @@ class Watcher:
                     # Also when nothing is published: after a restart the records are
                     # unchanged but the policies must be known again.
                     await self._policy_changed(key, obj)
-                elif change is not None:
-                    await self._check_config(obj)
+                elif change is not None and obj.get("kind") != INTERPRETER_TYPE.kind:
+                    await self._check_config(obj)  # the depdetector reports interpreters
+                if obj.get("kind") == INTERPRETER_TYPE.kind:
+                    self._interpreter_changed(key, obj)
             else:
-                change = observations.resource_observed(obj, self.policies.values(), known)
+                change = observations.resource_observed(
+                    obj, self.policies.values(), known, self.interpreter_for(gvk)
+                )
             await self._apply(change)
 
     async def deleted(self, gvk: GroupVersionKind, obj: JsonObject) -> None:
@@ -264,6 +283,8 @@ class Watcher:
             change = observations.config_deleted(obj, known, revision)
             if obj.get("kind") in POLICY_KINDS and self.policies.pop(key, None) is not None:
                 self._mark_policies_dirty()
+            if obj.get("kind") == INTERPRETER_TYPE.kind:
+                self._interpreter_changed(key, None)
         else:
             change = observations.resource_deleted(obj, known, revision, self.policies.values())
         await self._apply(change)
@@ -296,6 +317,37 @@ class Watcher:
                 await self.recorder.warning(obj, "InvalidPolicy", str(exc))
             return
         self.policies[key] = policy
+
+    def interpreter_for(self, gvk: GroupVersionKind) -> JsonObject | None:
+        """The ResourceInterpreter user objects of `gvk` are analysed with; when two
+        claim one type the first by key wins (the depdetector reports the conflict)."""
+        claims = sorted(
+            (key, body) for key, (target, body) in self.interpreters.items() if target == gvk
+        )
+        return claims[0][1] if claims else None
+
+    def _interpreter_changed(self, key: str, obj: JsonObject | None) -> None:
+        """Track interpreters; objects of a type whose interpreter changed are re-listed
+        (by the run loop, outside the lock) so they are analysed with the new one."""
+        before = self.interpreters.pop(key, None)
+        if before is not None:
+            self._reinterpret.add(before[0])
+        if obj is not None:
+            try:
+                interpreter = parse_as(ResourceInterpreter, obj)
+            except InvalidObjectError:
+                pass  # reported by _check_config; it interprets nothing
+            else:
+                body = {
+                    "metadata": {"name": interpreter.metadata.name},
+                    "spec": interpreter.spec.model_dump(
+                        mode="json", by_alias=True, exclude_none=True
+                    ),
+                }
+                self.interpreters[key] = (interpreter.spec.target.gvk, body)
+                self._reinterpret.add(interpreter.spec.target.gvk)
+        if self.interpreters.get(key) != before:
+            self._wake.set()
 
     async def _check_config(self, obj: JsonObject) -> None:
         """Tell the user at once when a Cluster, interpreter or transformation they
