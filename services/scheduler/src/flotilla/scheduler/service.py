@@ -20,13 +20,14 @@ One decision (`Scheduler.decide`):
 1. read the placement record (the local index, which follows the bucket; after a
    lost compare-and-set, the bucket itself); drop the event if the record has
    acted on a newer hub revision;
-2. wait until this replica has taken in every cluster written so far, take one
-   capacity snapshot, run ``core.schedule``;
+2. wait until this replica has taken in every cluster written so far, take a
+   capacity snapshot (shared by the decisions of ``snapshot_max_age``), run
+   ``core.schedule``;
 3. if the placement changed, reserve the capacity of the new replicas atomically
    in Redis (one reservation per object and cluster, id = object key, replaced on
    every change, so a retry or a second replica never counts twice); a refused
-   reservation means someone else took the room: undo, take a fresh snapshot, decide
-   again;
+   reservation means someone else took the room: undo, re-read the clusters that
+   refused, decide again (the same placement refused twice is kept back, below);
 4. write the record by compare-and-set; a conflict undoes the reservations and
    decides again from the record that won;
 5. release the reservations on clusters the object left, and publish
@@ -50,13 +51,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pydantic import Field
 
-from flotilla.common import api, events
+from flotilla.common import api, capacity, events
 from flotilla.common.api import PlacementState
 from flotilla.common.bus import Bus, Handler
 from flotilla.common.capacity import CapacityCache
@@ -85,6 +86,9 @@ CONSUMER = ConsumerSpec(
     service=SERVICE,
     event_types=("ResourceAnalyzed", "ClusterObserved", "CapacityChanged", "RescheduleRequested"),
 )
+
+CACHE_CONCURRENCY = 48
+"""Capacity cache calls in flight at once per replica."""
 
 MAX_ATTEMPTS = 8
 """Decisions of one event before it is handed back to the bus (nak) to try later."""
@@ -147,7 +151,10 @@ class Scheduler:
         self.reservation_ttl = reservation_ttl
         self.sync_timeout = sync_timeout
         self.snapshot_max_age = snapshot_max_age
-        self._shared: tuple[Fleet, int, float] | None = None
+        self._shared: tuple[Fleet, capacity.Snapshot, int, float] | None = None
+        # Fan-out (claims on many clusters, many keys at once) must stay below the
+        # capacity cache's connection pool (redis-py: 100), or calls fail outright.
+        self._cache_slots = asyncio.Semaphore(CACHE_CONCURRENCY)
         self.index = state.Index()
         self.clusters = state.Clusters()
         self._index_ready = asyncio.Event()
@@ -226,27 +233,37 @@ class Scheduler:
             raise Unavailable("the cluster view is behind the clusters bucket") from None
         return self.clusters.version
 
-    async def _fleet(self, view: int, *, fresh: bool) -> Fleet:
+    async def _fleet(self, view: int, *, refreshed: Collection[str] = ()) -> Fleet:
         """The clusters and a capacity snapshot, shared by the decisions of a short window.
 
         One snapshot read per decision would make every decision pay for reading
         every cluster's reservations (and building the fleet, and filling the core's
         per-fleet memos). Decisions within `snapshot_max_age` of a read share it
-        instead: no less safe, since the reservation is the atomic check, and after
-        a refused reservation the next attempt asks for a fresh one (`fresh`).
+        instead: no less safe, since the reservation is the atomic check. After a
+        refused reservation, the clusters that refused (`refreshed`) are read afresh
+        and patched into the shared snapshot, so this decision and every other one
+        sharing it stop counting on room that is gone, without re-reading the rest.
         """
         now = time.monotonic()
         cached = self._shared
-        if (
-            not fresh
-            and cached is not None
-            and cached[1] == view
-            and now - cached[2] <= self.snapshot_max_age
-        ):
-            return cached[0]
-        snapshot = await self.cache.snapshot()
+        if cached is not None and cached[2] == view:
+            fleet, snapshot, _, read_at = cached
+            if refreshed:
+                async with self._cache_slots:
+                    part = await self.cache.snapshot(sorted(set(refreshed)))
+                records = {**snapshot.clusters, **part.clusters}
+                for name in set(refreshed) - part.clusters.keys():
+                    records.pop(name, None)
+                patched = capacity.Snapshot(clusters=records, taken_at=part.taken_at)
+                fleet = Fleet(self.clusters.live(), patched)
+                self._shared = (fleet, patched, view, read_at)
+                return fleet
+            if now - read_at <= self.snapshot_max_age:
+                return fleet
+        async with self._cache_slots:
+            snapshot = await self.cache.snapshot()
         fleet = Fleet(self.clusters.live(), snapshot)
-        self._shared = (fleet, view, now)
+        self._shared = (fleet, snapshot, view, now)
         return fleet
 
     # --- handlers --------------------------------------------------------------------
@@ -379,6 +396,7 @@ class Scheduler:
         )
         fresh_read = False
         refused: set[tuple[ClusterPlacement, ...]] = set()
+        refusing: set[str] = set()
         for _attempt in range(MAX_ATTEMPTS):
             if stored is None and not fresh_read:
                 stored = await self.placements.get(key)
@@ -393,7 +411,8 @@ class Scheduler:
                     log.info("stale %s (%d < %d) dropped", key, cause.revision, current.revision)
                     return
             view = await self._sync_clusters()
-            fleet = await self._fleet(view, fresh=bool(refused))
+            fleet = await self._fleet(view, refreshed=refusing)
+            refusing = set()
             previous = current.clusters if current is not None else ()
             decision = core.schedule(
                 SchedulingInput(
@@ -413,14 +432,14 @@ class Scheduler:
             reserved: list[str] = []
             held_back = ""
             if changed and current is not None and decision.clusters in refused:
-                # Refused again against a fresh snapshot, so it cannot fit now: the core
+                # Refused again after re-reading the refusing clusters: it cannot fit; the core
                 # keeps an object where it runs without re-checking room (an `any` Pod
                 # scaled up in place). Keep what runs and wait as Pending for room.
                 changed = False
                 held_back = f"{decision.reason}; does not fit now, placement kept"
             elif changed:
-                ok, reserved = await self._reserve(key, analyzed, previous, decision.clusters)
-                if not ok:
+                reserved, refusing = await self._reserve(key, analyzed, previous, decision.clusters)
+                if refusing:
                     await self._undo(key, analyzed, previous, reserved)
                     refused.add(decision.clusters)
                     continue
@@ -491,23 +510,27 @@ class Scheduler:
         analyzed: ResourceAnalyzed,
         previous: Sequence[ClusterPlacement],
         chosen: Sequence[ClusterPlacement],
-    ) -> tuple[bool, list[str]]:
-        """Claim room for every Active cluster whose replicas changed; (all held?, touched)."""
+    ) -> tuple[list[str], set[str]]:
+        """Claim room on every Active cluster whose replicas changed, all at once.
+
+        Returns the clusters touched (to undo) and those that refused. The
+        claims go out concurrently: a ``copy`` over a hundred clusters would
+        otherwise pay a hundred round trips, during which the room it saw fills up.
+        """
         before = _active(previous)
-        touched: list[str] = []
-        for placement in chosen:
-            if placement.state is not PlacementState.ACTIVE:
-                continue
-            if before.get(placement.cluster, -1) == (placement.replicas or 0):
-                continue  # unchanged there: its reservation (or its pods) already count
-            for reservation_id, per_replica, count in _shapes(key, analyzed, placement):
-                touched.append(placement.cluster)
-                held = await self.cache.reserve(
-                    placement.cluster, reservation_id, per_replica, count, self.reservation_ttl
-                )
-                if not held:
-                    return False, touched
-        return True, touched
+        claims = [
+            (placement.cluster, reservation_id, per_replica, count)
+            for placement in chosen
+            if placement.state is PlacementState.ACTIVE
+            # Unchanged there: its reservation (or its reported pods) already count.
+            and before.get(placement.cluster, -1) != (placement.replicas or 0)
+            for reservation_id, per_replica, count in _shapes(key, analyzed, placement)
+        ]
+        held = await asyncio.gather(
+            *(self._claim(cluster, rid, shape, count) for cluster, rid, shape, count in claims)
+        )
+        touched = [claim[0] for claim in claims]
+        return touched, {cluster for cluster, ok in zip(touched, held, strict=True) if not ok}
 
     async def _undo(
         self,
@@ -518,15 +541,17 @@ class Scheduler:
     ) -> None:
         """Put the reservations touched by a decision that did not hold back as they were."""
         before = {p.cluster: p for p in previous if p.state is PlacementState.ACTIVE}
+        steps: list[Awaitable[object]] = []
         for cluster in dict.fromkeys(touched):
             placement = before.get(cluster)
             if placement is None:
-                await self._release(key, analyzed, cluster)
+                steps.append(self._release(key, analyzed, cluster))
                 continue
-            for reservation_id, per_replica, count in _shapes(key, analyzed, placement):
-                await self.cache.reserve(
-                    cluster, reservation_id, per_replica, count, self.reservation_ttl
-                )
+            steps.extend(
+                self._claim(cluster, rid, shape, count)
+                for rid, shape, count in _shapes(key, analyzed, placement)
+            )
+        await asyncio.gather(*steps)
 
     async def _release_left(
         self,
@@ -536,14 +561,19 @@ class Scheduler:
         chosen: Sequence[ClusterPlacement],
     ) -> None:
         kept = {p.cluster for p in chosen}
-        for placement in previous:
-            if placement.cluster not in kept:
-                await self._release(key, analyzed, placement.cluster)
+        await asyncio.gather(
+            *(self._release(key, analyzed, p.cluster) for p in previous if p.cluster not in kept)
+        )
+
+    async def _claim(self, cluster: str, rid: str, shape: dict[str, int], count: int) -> bool:
+        async with self._cache_slots:
+            return await self.cache.reserve(cluster, rid, shape, count, self.reservation_ttl)
 
     async def _release(self, key: str, analyzed: ResourceAnalyzed, cluster: str) -> None:
         ids = [key] + [f"{key}#{c.name}" for c in analyzed.components]
         for reservation_id in ids:
-            await self.cache.release(cluster, reservation_id)
+            async with self._cache_slots:
+                await self.cache.release(cluster, reservation_id)
 
 
 def _active(placements: Iterable[ClusterPlacement]) -> dict[str, int]:
