@@ -20,8 +20,9 @@ One decision (`Scheduler.decide`):
 1. read the placement record (the local index, which follows the bucket; after a
    lost compare-and-set, the bucket itself); drop the event if the record has
    acted on a newer hub revision;
-2. wait until this replica has taken in every cluster written so far, take a
-   capacity snapshot (shared by the decisions of ``snapshot_max_age``), run
+2. wait until this replica has taken in every cluster written so far; then, one
+   decision at a time per replica, take the capacity snapshot (`Scheduler._fleet`:
+   read whole every ``snapshot_max_age``, patched in between) and run
    ``core.schedule``;
 3. if the placement changed, reserve the capacity of the new replicas atomically
    in Redis (one reservation per object and cluster, id = object key, replaced on
@@ -108,9 +109,9 @@ class SchedulerSettings(Settings):
         description="how long a decision waits for this replica to see the newest clusters",
     )
     snapshot_max_age: float = Field(
-        default=0.05,
+        default=0.5,
         ge=0,
-        description="seconds decisions may share one capacity snapshot (0: one each)",
+        description="seconds between whole capacity snapshot reads (patched between; 0: always)",
     )
     capacity_prefix: str = Field(
         default=DEFAULT_PREFIX,
@@ -142,7 +143,7 @@ class Scheduler:
         clusters: KeyValueStore,
         reservation_ttl: float = 300.0,
         sync_timeout: float = 5.0,
-        snapshot_max_age: float = 0.05,
+        snapshot_max_age: float = 0.5,
     ) -> None:
         self.bus = bus
         self.cache = cache
@@ -155,6 +156,9 @@ class Scheduler:
         # Fan-out (claims on many clusters, many keys at once) must stay below the
         # capacity cache's connection pool (redis-py: 100), or calls fail outright.
         self._cache_slots = asyncio.Semaphore(CACHE_CONCURRENCY)
+        self._deciding = asyncio.Lock()
+        self._dirty: set[str] = set()
+        """Clusters whose reservations this replica changed since the shared snapshot."""
         self.index = state.Index()
         self.clusters = state.Clusters()
         self._index_ready = asyncio.Event()
@@ -172,7 +176,7 @@ class Scheduler:
         *,
         reservation_ttl: float = 300.0,
         sync_timeout: float = 5.0,
-        snapshot_max_age: float = 0.05,
+        snapshot_max_age: float = 0.5,
     ) -> Scheduler:
         placements_kv = await bus.bucket(bus.topology.placements_bucket)
         clusters_kv = await bus.bucket(records.clusters_bucket(bus.topology))
@@ -234,32 +238,35 @@ class Scheduler:
         return self.clusters.version
 
     async def _fleet(self, view: int, *, refreshed: Collection[str] = ()) -> Fleet:
-        """The clusters and a capacity snapshot, shared by the decisions of a short window.
+        """The clusters and a capacity snapshot, kept up to date cheaply.
 
-        One snapshot read per decision would make every decision pay for reading
-        every cluster's reservations (and building the fleet, and filling the core's
-        per-fleet memos). Decisions within `snapshot_max_age` of a read share it
-        instead: no less safe, since the reservation is the atomic check. After a
-        refused reservation, the clusters that refused (`refreshed`) are read afresh
-        and patched into the shared snapshot, so this decision and every other one
-        sharing it stop counting on room that is gone, without re-reading the rest.
+        Reading every cluster's record and reservations (and building the fleet, and
+        filling the core's per-fleet memos) for each decision would make every
+        decision pay for the whole fleet. The snapshot is read whole at most every
+        `snapshot_max_age` seconds (or when the cluster view changed); in between,
+        only the clusters this replica claimed or released on since (`_dirty`) and
+        those that just refused a claim (`refreshed`) are re-read and patched in.
+        What other replicas claimed meanwhile is caught by the claim itself, which
+        is the atomic check: a refusal re-reads that cluster.
         """
         now = time.monotonic()
         cached = self._shared
-        if cached is not None and cached[2] == view:
+        if cached is not None and cached[2] == view and now - cached[3] <= self.snapshot_max_age:
             fleet, snapshot, _, read_at = cached
-            if refreshed:
-                async with self._cache_slots:
-                    part = await self.cache.snapshot(sorted(set(refreshed)))
-                records = {**snapshot.clusters, **part.clusters}
-                for name in set(refreshed) - part.clusters.keys():
-                    records.pop(name, None)
-                patched = capacity.Snapshot(clusters=records, taken_at=part.taken_at)
-                fleet = Fleet(self.clusters.live(), patched)
-                self._shared = (fleet, patched, view, read_at)
+            stale = set(refreshed) | self._dirty
+            if not stale:
                 return fleet
-            if now - read_at <= self.snapshot_max_age:
-                return fleet
+            self._dirty.clear()
+            async with self._cache_slots:
+                part = await self.cache.snapshot(sorted(stale))
+            records = {**snapshot.clusters, **part.clusters}
+            for name in stale - part.clusters.keys():
+                records.pop(name, None)
+            patched = capacity.Snapshot(clusters=records, taken_at=part.taken_at)
+            fleet = Fleet(self.clusters.live(), patched)
+            self._shared = (fleet, patched, view, read_at)
+            return fleet
+        self._dirty.clear()
         async with self._cache_slots:
             snapshot = await self.cache.snapshot()
         fleet = Fleet(self.clusters.live(), snapshot)
@@ -411,38 +418,48 @@ class Scheduler:
                     log.info("stale %s (%d < %d) dropped", key, cause.revision, current.revision)
                     return
             view = await self._sync_clusters()
-            fleet = await self._fleet(view, refreshed=refusing)
-            refusing = set()
             previous = current.clusters if current is not None else ()
-            decision = core.schedule(
-                SchedulingInput(
-                    analyzed=analyzed,
-                    policy=policy,
-                    fleet=fleet,
-                    now=datetime.now(UTC),
-                    previous=previous,
-                    dependency_placements=self.index.dependency_placements(
-                        state.dependency_keys(analyzed)
-                    ),
-                    avoid_clusters=cause.avoid,
+            # One decision at a time per replica, from choosing to claiming: the next
+            # one then sees this one's claims (the clusters it touched are re-read),
+            # so a replica's own decisions never race each other for the same room.
+            # Records, publishing and acks stay concurrent.
+            async with self._deciding:
+                fleet = await self._fleet(view, refreshed=refusing)
+                refusing = set()
+                decision = core.schedule(
+                    SchedulingInput(
+                        analyzed=analyzed,
+                        policy=policy,
+                        fleet=fleet,
+                        now=datetime.now(UTC),
+                        previous=previous,
+                        dependency_placements=self.index.dependency_placements(
+                            state.dependency_keys(analyzed)
+                        ),
+                        avoid_clusters=cause.avoid,
+                    )
                 )
-            )
-            self.decisions += 1
-            changed = current is None or _placement_changed(current, decision)
-            reserved: list[str] = []
-            held_back = ""
-            if changed and current is not None and decision.clusters in refused:
-                # Refused again after re-reading the refusing clusters: it cannot fit; the core
-                # keeps an object where it runs without re-checking room (an `any` Pod
-                # scaled up in place). Keep what runs and wait as Pending for room.
-                changed = False
-                held_back = f"{decision.reason}; does not fit now, placement kept"
-            elif changed:
-                reserved, refusing = await self._reserve(key, analyzed, previous, decision.clusters)
-                if refusing:
-                    await self._undo(key, analyzed, previous, reserved)
-                    refused.add(decision.clusters)
-                    continue
+                self.decisions += 1
+                changed = current is None or _placement_changed(current, decision)
+                reserved: list[str] = []
+                held_back = ""
+                if changed and current is not None and decision.clusters in refused:
+                    # Refused again after re-reading the clusters that refused, so it
+                    # cannot fit: the core keeps an object where it runs without
+                    # re-checking room (an `any` Pod scaled up in place). Keep what
+                    # runs and wait as Pending for room.
+                    changed = False
+                    held_back = f"{decision.reason}; does not fit now, placement kept"
+                elif changed:
+                    reserved, refusing = await self._reserve(
+                        key, analyzed, previous, decision.clusters
+                    )
+                    self._dirty.update(reserved)
+                    if refusing:
+                        await self._undo(key, analyzed, previous, reserved)
+                        refused.add(decision.clusters)
+            if refusing:
+                continue
             if changed or current is None:
                 record = PlacementRecord(
                     key=key,
@@ -472,6 +489,7 @@ class Scheduler:
                 written = await self.placements.write(key, record, last=version)
             except Conflict:
                 await self._undo(key, analyzed, previous, reserved)
+                self._dirty.update(reserved)
                 stored = await self.placements.get(key)
                 fresh_read = True
                 continue
@@ -479,6 +497,7 @@ class Scheduler:
             if not changed:
                 return
             await self._release_left(key, analyzed, previous, decision.clusters)
+            self._dirty.update(p.cluster for p in previous)
             await self._publish(record)
             followers = self.index.dependents(key)
             if self.clusters.version != view:
