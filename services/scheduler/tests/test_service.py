@@ -427,3 +427,46 @@ async def test_scale_up_in_place_that_cannot_fit_keeps_the_placement_pending(
     assert harness.active(record) == {"a": 4}
     assert not record.waiting and record.held_back == ""
     assert [r.replicas for r in await harness.cache.reservations("a")] == [4]
+
+
+async def test_shared_snapshot_sees_the_replicas_own_claims(
+    nats_server: NatsServer, unique: str
+) -> None:
+    """Within `snapshot_max_age` the snapshot is not read whole again, yet the next
+    decision sees the previous one's claim: the clusters it touched are re-read."""
+    cache = FakeCapacityCache()
+    bus, scheduler, tasks = await open_scheduler(nats_server.url, f"s{unique}", cache)
+    scheduler.snapshot_max_age = 3600.0
+    reads: list[list[str] | None] = []
+    real_snapshot = cache.snapshot
+
+    async def counting(clusters: Any = None) -> Any:
+        reads.append(None if clusters is None else list(clusters))
+        return await real_snapshot(clusters)
+
+    cache.snapshot = counting  # type: ignore[method-assign]
+    claims: list[bool] = []
+    real_reserve = cache.reserve
+
+    async def claiming(*args: Any) -> bool:
+        claims.append(await real_reserve(*args))
+        return claims[-1]
+
+    cache.reserve = claiming  # type: ignore[method-assign,assignment]
+    try:
+        harness = Harness(bus, scheduler, cache)
+        await harness.cluster(small("a", "3"))
+        await harness.cluster(small("b", "3"))
+        first = make_pod("first").with_requests(cpu="3").build()
+        second = make_pod("second").with_requests(cpu="3").build()
+        await harness.analyzed(first)
+        await harness.analyzed(second)
+        (where_first,) = harness.active(await harness.record(first.ref.key))
+        (where_second,) = harness.active(await harness.record(second.ref.key))
+        assert {where_first, where_second} == {"a", "b"}
+        # One whole read, then only the cluster the first decision claimed on, and
+        # the second decision knew it was full before claiming (nothing refused).
+        assert reads == [None, [where_first]]
+        assert claims == [True, True]
+    finally:
+        await close(bus, tasks)
