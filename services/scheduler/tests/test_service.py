@@ -17,7 +17,7 @@ import pytest
 from flotilla.common import events
 from flotilla.common.bus import Bus
 from flotilla.common.capacity import FakeCapacityCache
-from flotilla.common.errors import InvalidObject
+from flotilla.common.errors import InvalidObject, Unavailable
 from flotilla.common.events import (
     CapacityChanged,
     ClusterObserved,
@@ -62,12 +62,13 @@ class Harness:
         record = builder.record()
         if capacity and record is not None:
             await self.cache.put(record)
+        await self.handle(self.cluster_event(builder))
+
+    def cluster_event(self, builder: ClusterBuilder) -> Envelope:
         payload = ClusterObserved(
             cluster=builder.name, object=builder.build().model_dump(mode="json", by_alias=True)
         )
-        await self.handle(
-            events.envelope(payload, key=builder.name, producer="test", revision=self._next())
-        )
+        return events.envelope(payload, key=builder.name, producer="test", revision=self._next())
 
     async def remove_cluster(self, name: str) -> None:
         payload = ClusterObserved(cluster=name, object={}, deleted=True)
@@ -470,3 +471,26 @@ async def test_shared_snapshot_sees_the_replicas_own_claims(
         assert claims == [True, True]
     finally:
         await close(bus, tasks)
+
+
+async def test_redelivered_cluster_change_sends_its_requests_again(harness: Harness) -> None:
+    """The cluster was written but the requests never went out (the replica died):
+    the redelivered event must still send them, though the cluster is unchanged now."""
+    await harness.cluster(small("a", "4"))
+    web = make_deployment("web", replicas=2).build()
+    await harness.analyzed(web)
+    await harness.cluster(small("b", "4"))
+    await harness.run_requests()
+    drain = harness.cluster_event(small("a", "4").draining())
+    sending = harness.scheduler._request
+
+    async def bus_down(*args: Any, **kwargs: Any) -> None:
+        raise Unavailable("bus down")
+
+    harness.scheduler._request = bus_down  # type: ignore[method-assign]
+    with pytest.raises(Unavailable):
+        await harness.handle(drain)
+    harness.scheduler._request = sending  # type: ignore[method-assign]
+    await harness.handle(drain)
+    assert await harness.run_requests() == [web.ref.key]
+    assert harness.active(await harness.record(web.ref.key)) == {"b": 2}

@@ -122,6 +122,10 @@ class ClusterRecord(_Model):
     name: str
     revision: int = 0
     cluster: api.Cluster | None = Field(description="None: the cluster was removed")
+    previous: api.Cluster | None = Field(
+        default=None, description="the cluster before this change (what the change is judged by)"
+    )
+    cause: str = Field(default="", description="id of the ClusterObserved that wrote this")
 
 
 class Conflict(Exception):

@@ -319,15 +319,21 @@ class Scheduler:
                 raise InvalidObject(str(error), reason="InvalidCluster") from error
         stored = await self.clusters_store.get(name)
         old_record: ClusterRecord | None = stored[0] if stored else None
-        if old_record is not None and 0 < envelope.revision < old_record.revision:
-            log.info("stale ClusterObserved for %s dropped", name)
-            return
-        old = old_record.cluster if old_record else None
-        if not state.relevant(old, new):
-            return
-        record = ClusterRecord(name=name, revision=envelope.revision, cluster=new)
-        version = await self.clusters_store.write(name, record, last=stored[1] if stored else 0)
-        self.clusters.apply(name, record, version)
+        if old_record is not None and old_record.cause == envelope.id:
+            # Redelivered after the write: send the same requests again (same ids).
+            old, version = old_record.previous, stored[1] if stored else 0
+        else:
+            if old_record is not None and 0 < envelope.revision < old_record.revision:
+                log.info("stale ClusterObserved for %s dropped", name)
+                return
+            old = old_record.cluster if old_record else None
+            if not state.relevant(old, new):
+                return
+            record = ClusterRecord(
+                name=name, revision=envelope.revision, cluster=new, previous=old, cause=envelope.id
+            )
+            version = await self.clusters_store.write(name, record, last=stored[1] if stored else 0)
+            self.clusters.apply(name, record, version)
         if observed.deleted:
             # Whatever was reserved there can never be used; the records follow below.
             with contextlib.suppress(Unavailable):
