@@ -347,15 +347,15 @@ class Scheduler:
         changed = envelope.payload
         assert isinstance(changed, CapacityChanged)
         before = self._capacity_seen.get(changed.cluster)
+        if state.capacity_grew(before, changed.available):
+            await self.index_ready()
+            await self._request(
+                self.index.waiting(),
+                f"more capacity on {changed.cluster}",
+                dedupe=("capacity", changed.cluster, envelope.id),
+            )
+        # Only once the requests are out, so a failed attempt is retried in full.
         self._capacity_seen[changed.cluster] = dict(changed.available)
-        if not state.capacity_grew(before, changed.available):
-            return
-        await self.index_ready()
-        await self._request(
-            self.index.waiting(),
-            f"more capacity on {changed.cluster}",
-            dedupe=("capacity", changed.cluster, envelope.id),
-        )
 
     async def readiness(self) -> bool | str:
         """For ``/readyz``: ready once both buckets have been read."""
