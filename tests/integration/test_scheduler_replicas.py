@@ -4,8 +4,9 @@ Two ``flotilla-scheduler`` OS processes (separate bus connections, instance name
 and partition leases) share one installation. Five clusters with tight capacity
 are announced (``ClusterObserved`` + capacity records in Redis), then 500 objects
 (``ResourceAnalyzed`` published directly), then a scale-up of 100 of them while the
-first wave is still being decided. Demand is well above what the fleet holds, so
-reservations are contested and many objects stay Pending.
+first wave is still being decided, and one cluster is drained meanwhile. Demand
+is well above what the fleet holds, so reservations are contested and many
+objects stay Pending.
 
 Checked once both processes are idle:
 
@@ -14,6 +15,7 @@ Checked once both processes are idle:
 * one consistent placement per object: its KV record equals the last
   ``PlacementDecided`` published for its key, and each reservation matches the
   record's replicas on that cluster;
+* nothing is Active on the drained cluster any more;
 * both processes decided something (the work really was shared).
 """
 
@@ -226,6 +228,17 @@ async def test_two_scheduler_processes_share_the_work_without_overcommit(
             for i in range(1, OBJECTS, OBJECTS // SCALED)
         ]
         await bus.publish_batch(scaled)
+        # And drain one cluster meanwhile: what runs there moves (make-before-break).
+        drained = cluster_object(names[0])
+        drained["spec"]["evictAfter"] = "2020-01-01T00:00:00Z"
+        await bus.publish(
+            events.envelope(
+                ClusterObserved(cluster=names[0], object=drained),
+                key=f"cluster/{names[0]}",
+                producer="test",
+                revision=2,
+            )
+        )
         latest = {e.key: e for e in first} | {e.key: e for e in scaled}
 
         placements_kv = await bus.bucket(bus.topology.placements_bucket)
@@ -298,6 +311,12 @@ async def test_two_scheduler_processes_share_the_work_without_overcommit(
         # Tight: the fleet cannot hold everything, yet most objects are placed.
         assert pending > 0
         assert placed_somewhere > OBJECTS // 2
+        # Nothing stays Active on the drained cluster.
+        assert not any(
+            p.cluster == names[0] and p.state == "Active"
+            for record in stored.values()
+            for p in record.clusters
+        )
     finally:
         codes = [s.stop() for s in schedulers]
         await cache.aclose()
