@@ -44,6 +44,17 @@ from .builders import (
 pytestmark = pytest.mark.integration
 
 
+class FakeReporter:
+    """Collects the Warning Events the scheduler would record on hub objects."""
+
+    def __init__(self) -> None:
+        self.warnings: list[tuple[str, str, str]] = []
+
+    async def warning(self, obj: dict[str, Any], reason: str, message: str) -> None:
+        name = str((obj.get("metadata") or {}).get("name"))
+        self.warnings.append((name, reason, message))
+
+
 class Harness:
     """One scheduler replica's handlers, fed by hand."""
 
@@ -53,6 +64,7 @@ class Harness:
         self.cache = cache
         self.revision = 0
         self.handled: set[str] = set()
+        self.reporter = FakeReporter()
 
     def _next(self) -> int:
         self.revision += 1
@@ -127,13 +139,18 @@ class Harness:
 
 
 async def open_scheduler(
-    url: str, prefix: str, cache: FakeCapacityCache
+    url: str, prefix: str, cache: FakeCapacityCache, reporter: FakeReporter | None = None
 ) -> tuple[Bus, Scheduler, list[asyncio.Task[None]]]:
     bus = await Bus.connect(
         url, topology=Topology(prefix=prefix, partitions=2), producer=f"scheduler/{prefix}"
     )
     scheduler = await Scheduler.open(
-        bus, cache, reservation_ttl=600.0, sync_timeout=5.0, snapshot_max_age=0.0
+        bus,
+        cache,
+        reservation_ttl=600.0,
+        sync_timeout=5.0,
+        snapshot_max_age=0.0,
+        reporter=reporter,
     )
     tasks = [
         asyncio.create_task(scheduler.follow_placements()),
@@ -153,9 +170,12 @@ async def close(bus: Bus, tasks: list[asyncio.Task[None]]) -> None:
 @pytest.fixture
 async def harness(nats_server: NatsServer, unique: str) -> AsyncIterator[Harness]:
     cache = FakeCapacityCache()
-    bus, scheduler, tasks = await open_scheduler(nats_server.url, f"s{unique}", cache)
+    reporter = FakeReporter()
+    bus, scheduler, tasks = await open_scheduler(nats_server.url, f"s{unique}", cache, reporter)
     try:
-        yield Harness(bus, scheduler, cache)
+        harness = Harness(bus, scheduler, cache)
+        harness.reporter = reporter
+        yield harness
     finally:
         await close(bus, tasks)
 
@@ -223,6 +243,7 @@ async def test_unschedulable_is_pending_and_retried_only_when_capacity_grows(
     assert not record.schedulable and record.clusters == ()
     assert record.decided.reason.startswith("no cluster can take it")
     assert harness.scheduler.index.waiting() == {big.ref.key}
+    assert harness.reporter.warnings == [("big", "Unschedulable", record.decided.reason)]
 
     grown = CapacityChanged(cluster="a", available={"cpu": 4000}, allocatable={"cpu": 4000})
     await harness.handle(events.envelope(grown, key="a", producer="test", revision=1))
@@ -234,6 +255,7 @@ async def test_unschedulable_is_pending_and_retried_only_when_capacity_grows(
     assert harness.active(record) == {"a": 1}
     assert harness.scheduler.index.waiting() == set()
     assert len(await harness.decided(big.ref.key)) == 2
+    assert len(harness.reporter.warnings) == 1, "a placed object is not warned about"
 
 
 async def test_cordon_reevaluates_nothing_and_drain_moves_what_is_placed(

@@ -55,15 +55,16 @@ import time
 from collections.abc import Awaitable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any, Protocol
 
 from pydantic import Field
 
-from flotilla.common import api, capacity, events
+from flotilla.common import api, capacity, events, kube
 from flotilla.common.api import PlacementState
 from flotilla.common.bus import Bus, Handler
 from flotilla.common.capacity import CapacityCache
 from flotilla.common.config import Settings
-from flotilla.common.errors import InvalidObject, TemporaryError, Unavailable
+from flotilla.common.errors import FlotillaError, InvalidObject, TemporaryError, Unavailable
 from flotilla.common.events import (
     CapacityChanged,
     ClusterObserved,
@@ -131,6 +132,20 @@ class Cause:
     avoid: frozenset[str] = frozenset()
 
 
+JsonObject = dict[str, Any]
+
+
+class Reporter(Protocol):
+    """Where users hear about objects that cannot be placed (Kubernetes Events on the
+    hub object in production: `flotilla.common.kube.EventRecorder`)."""
+
+    async def warning(self, obj: JsonObject, reason: str, message: str) -> None: ...
+
+
+UNSCHEDULABLE_REASON = "Unschedulable"
+PARTIALLY_SCHEDULED_REASON = "PartiallyScheduled"
+
+
 class Scheduler:
     """One replica's handlers and the state they share."""
 
@@ -144,8 +159,10 @@ class Scheduler:
         reservation_ttl: float = 300.0,
         sync_timeout: float = 5.0,
         snapshot_max_age: float = 0.5,
+        reporter: Reporter | None = None,
     ) -> None:
         self.bus = bus
+        self.reporter = reporter
         self.cache = cache
         self.placements = placements
         self.clusters_store = clusters
@@ -177,6 +194,7 @@ class Scheduler:
         reservation_ttl: float = 300.0,
         sync_timeout: float = 5.0,
         snapshot_max_age: float = 0.5,
+        reporter: Reporter | None = None,
     ) -> Scheduler:
         placements_kv = await bus.bucket(bus.topology.placements_bucket)
         clusters_kv = await bus.bucket(records.clusters_bucket(bus.topology))
@@ -188,6 +206,7 @@ class Scheduler:
             reservation_ttl=reservation_ttl,
             sync_timeout=sync_timeout,
             snapshot_max_age=snapshot_max_age,
+            reporter=reporter,
         )
 
     @property
@@ -505,6 +524,7 @@ class Scheduler:
             await self._release_left(key, analyzed, previous, decision.clusters)
             self._dirty.update(p.cluster for p in previous)
             await self._publish(record)
+            await self._report(analyzed, record)
             followers = self.index.dependents(key)
             if self.clusters.version != view:
                 followers.add(key)  # the fleet changed while deciding: look again
@@ -513,6 +533,24 @@ class Scheduler:
             )
             return
         raise TemporaryError(f"{key}: no decision held after {MAX_ATTEMPTS} attempts", delay=1.0)
+
+    async def _report(self, analyzed: ResourceAnalyzed, record: PlacementRecord) -> None:
+        """A Warning Event when the new placement leaves the object (partly) unplaced.
+
+        Best effort: the decision is already durable and published, and a hub that
+        does not answer must not hold placements back."""
+        if self.reporter is None or analyzed.deleted:
+            return
+        if not record.schedulable:
+            reason = UNSCHEDULABLE_REASON
+        elif record.pending:
+            reason = PARTIALLY_SCHEDULED_REASON
+        else:
+            return
+        try:
+            await self.reporter.warning(analyzed.object, reason, record.decided.reason)
+        except FlotillaError as error:
+            log.warning("could not report %s for %s: %s", reason, record.key, error)
 
     async def _publish(self, record: PlacementRecord) -> None:
         await self.bus.publish(
@@ -647,22 +685,23 @@ async def setup(rt: Runtime) -> None:
     if not isinstance(settings, SchedulerSettings):
         settings = SchedulerSettings.model_validate(settings.model_dump())
     cache = RedisCapacityCache.from_url(settings.redis_url, prefix=settings.capacity_prefix)
+    rt.on_close(cache.aclose)
+    reporter: Reporter | None = None
+    if settings.hub_kubeconfig is not None:
+        hub = await kube.client_from_kubeconfig(settings.hub_kubeconfig)
+        rt.on_close(hub.close)
+        reporter = kube.EventRecorder(hub, "flotilla-scheduler")
+    else:
+        log.warning("FLOTILLA_HUB_KUBECONFIG is not set: unschedulable objects get no Events")
     scheduler = await Scheduler.open(
         rt.bus,
         cache,
         reservation_ttl=settings.reservation_ttl,
         sync_timeout=settings.sync_timeout,
         snapshot_max_age=settings.snapshot_max_age,
+        reporter=reporter,
     )
 
-    async def hold_cache() -> None:
-        # Closed when the runtime cancels its tasks on shutdown.
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await cache.aclose()
-
-    rt.spawn("capacity-cache", hold_cache)
     rt.spawn("follow-placements", scheduler.follow_placements)
     rt.spawn("follow-clusters", scheduler.follow_clusters)
     rt.health.add_readiness_check("placements", scheduler.readiness)
