@@ -21,8 +21,9 @@ import json
 import statistics
 import time
 
-from flotilla.common.capacity import ClusterCapacity, NodeCapacity, RedisCapacityCache
+from flotilla.common.capacity import ClusterCapacity, NodeCapacity
 from flotilla.common.infra import RedisServer
+from flotilla.common.rediscapacity import RedisCapacityCache
 
 GI = 2**30
 
