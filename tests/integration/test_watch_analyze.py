@@ -21,7 +21,6 @@ import json
 import os
 import signal
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from flotilla.common.api import DEPENDENCIES_ANNOTATION, PLACEMENT_ANNOTATION
 from flotilla.common.config import Settings
 from flotilla.common.infra import NatsServer
 from flotilla.common.service import Runtime
+from flotilla.common.testing import eventually
 from flotilla.depdetector import service as depdetector
 from flotilla.kubesim.server import KubeSim
 from flotilla.watcher import service as watcher
@@ -46,34 +46,6 @@ from flotilla.watcher import service as watcher
 pytestmark = pytest.mark.integration
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "crds"
-
-
-async def eventually(
-    predicate: Callable[[], Any], *, timeout: float = 10.0, what: str = "condition"
-) -> Any:
-    """Poll `predicate` until it returns something truthy (returned), or fail."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-async def eventually_async(
-    probe: Callable[[], Awaitable[Any]], *, timeout: float = 10.0, what: str = "condition"
-) -> Any:
-    """`eventually` for a condition that needs I/O to check."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 class EventLog:
@@ -185,20 +157,6 @@ async def api(hub: KubeSim) -> AsyncIterator[Any]:
 
 
 NS = "shop"
-
-
-@pytest.fixture(autouse=True)
-async def _no_leftover_tasks() -> AsyncIterator[None]:
-    """The services must stop every task they started (watches, consumers, timers)."""
-    yield
-    current = asyncio.current_task()
-    deadline = time.monotonic() + 2.0
-    while True:
-        leftover = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
-        if not leftover or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.02)
-    assert not leftover, f"test left asyncio tasks running: {leftover}"
 
 
 # --- builders -------------------------------------------------------------------------
@@ -397,7 +355,7 @@ async def test_selected_deployment_is_analysed_with_its_dependencies_without_loo
             value = (await writes.get(web))["metadata"].get("annotations", {})
             return value.get(DEPENDENCIES_ANNOTATION)
 
-        written = json.loads(await eventually_async(annotation))
+        written = json.loads(await eventually(annotation))
         assert [e["name"] for e in written] == [d.name for d in payload.dependencies]
         assert all(e["detected"] for e in written)
 
@@ -407,7 +365,7 @@ async def test_selected_deployment_is_analysed_with_its_dependencies_without_loo
                 e.reason == "DependencyMissing" and "web-secret" in e.message for e in listed.items
             )
 
-        await eventually_async(missing_reported)
+        await eventually(missing_reported)
 
         # Flotilla-owned writes: the detector's own annotation (already done) and an
         # aggregator-style placement annotation. A later Deployment is the barrier:

@@ -6,7 +6,6 @@ kubesim wrote, through `config.new_client_from_config`.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,24 +14,6 @@ import pytest
 from kubernetes_asyncio import config
 
 from flotilla.kubesim.server import KubeSim
-
-
-@pytest.fixture(autouse=True)
-async def _no_leftover_tasks(request: pytest.FixtureRequest) -> AsyncIterator[None]:
-    """API/CLI tests must not leave asyncio tasks behind (servers, watches, pumps)."""
-    yield
-    module = request.module.__name__.rpartition(".")[2]
-    if not module.startswith(("test_api_", "test_cli")):
-        return
-    current = asyncio.current_task()
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 2.0
-    while True:
-        leftover = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
-        if not leftover or loop.time() > deadline:
-            break
-        await asyncio.sleep(0.02)
-    assert not leftover, f"test left asyncio tasks running: {leftover}"
 
 
 @pytest.fixture

@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import json
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from flotilla.common.bus import Bus
 from flotilla.common.config import Settings
 from flotilla.common.infra import NatsServer
 from flotilla.common.service import Runtime
+from flotilla.common.testing import eventually
 from flotilla.depdetector import service
 from flotilla.kubesim.server import KubeSim
 
@@ -62,19 +61,6 @@ FLINK_CRD: Any = {
         ],
     },
 }
-
-
-async def eventually(probe: Callable[[], Any], timeout: float = 10.0) -> Any:
-    """Poll `probe` (sync or async) until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        assert time.monotonic() < deadline, "timed out waiting for a condition"
-        await asyncio.sleep(0.05)
 
 
 class Setup:
@@ -151,19 +137,6 @@ class Setup:
     async def warnings(self, reason: str) -> list[str]:
         listed = await k8s.CoreV1Api(self.api).list_namespaced_event(NS)
         return [e.message for e in listed.items if e.reason == reason and e.type == "Warning"]
-
-
-@pytest.fixture(autouse=True)
-async def _no_leftover_tasks() -> AsyncIterator[None]:
-    yield
-    current = asyncio.current_task()
-    deadline = time.monotonic() + 2.0
-    while True:
-        leftover = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
-        if not leftover or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.02)
-    assert not leftover, f"test left asyncio tasks running: {leftover}"
 
 
 @contextlib.asynccontextmanager

@@ -3,10 +3,8 @@ steer what is watched and published."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from flotilla.common import events
 from flotilla.common.config import Settings
 from flotilla.common.infra import NatsServer
 from flotilla.common.service import Runtime
+from flotilla.common.testing import eventually
 from flotilla.watcher import service
 
 pytestmark = pytest.mark.integration
@@ -51,32 +50,6 @@ GADGET_CRD: Any = {
         ],
     },
 }
-
-
-async def eventually(probe: Callable[[], Any], timeout: float = 10.0) -> Any:
-    """Poll `probe` (sync or async) until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        assert time.monotonic() < deadline, "timed out waiting for a condition"
-        await asyncio.sleep(0.05)
-
-
-@pytest.fixture(autouse=True)
-async def _no_leftover_tasks() -> AsyncIterator[None]:
-    yield
-    current = asyncio.current_task()
-    deadline = time.monotonic() + 2.0
-    while True:
-        leftover = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
-        if not leftover or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.02)
-    assert not leftover, f"test left asyncio tasks running: {leftover}"
 
 
 class Harness:

@@ -22,20 +22,6 @@ pytestmark = pytest.mark.integration
 CONFIG_MAP = GroupVersionKind("", "v1", "ConfigMap")
 
 
-@pytest.fixture(autouse=True)
-async def _no_leftover_tasks() -> AsyncIterator[None]:
-    """The services must stop every task they started (watches, consumers, timers)."""
-    yield
-    current = asyncio.current_task()
-    deadline = time.monotonic() + 2.0
-    while True:
-        leftover = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
-        if not leftover or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.02)
-    assert not leftover, f"test left asyncio tasks running: {leftover}"
-
-
 class RecordingSink:
     def __init__(self) -> None:
         self.seen: list[tuple[str, str]] = []

@@ -1,15 +1,23 @@
-"""Pytest plugin: real NATS JetStream and Redis servers for tests.
+"""Pytest plugin: real NATS JetStream and Redis servers, and the shared test habits.
 
 Enabled from the root `conftest.py`. Session-scoped servers are shared by tests
 that only need *a* server (each test isolates itself by unique stream/key names);
 the function-scoped `fresh_nats` / `fresh_redis` belong to one test, which may kill
 and restart them.
+
+Every async test also fails if it leaves asyncio tasks running (kopf's
+``_no_asyncio_pending_tasks``), and `eventually` is the one way tests wait for an
+asynchronous outcome: bounded polling on a condition, never a bare sleep.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 
@@ -44,3 +52,41 @@ def fresh_redis() -> Iterator[RedisServer]:
 def unique() -> str:
     """A short unique token to keep tests sharing a server apart."""
     return uuid.uuid4().hex[:8]
+
+
+T = TypeVar("T")
+
+
+async def eventually(
+    probe: Callable[[], Any], timeout: float = 10.0, *, what: str = "a condition"
+) -> Any:
+    """Poll `probe` (sync or async) until it returns something truthy; return that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+LEFTOVER_GRACE = 2.0
+
+
+@pytest.fixture(autouse=True)
+async def _no_leftover_tasks(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """An async test must stop every task it started (servers, watches, consumers)."""
+    yield
+    if not inspect.iscoroutinefunction(getattr(request.node, "function", None)):
+        return
+    current = asyncio.current_task()
+    deadline = time.monotonic() + LEFTOVER_GRACE
+    while True:
+        leftover = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+        if not leftover or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.02)
+    assert not leftover, f"test left asyncio tasks running: {leftover}"
