@@ -22,6 +22,7 @@ from flotilla.common import events
 from flotilla.common.errors import PermanentError, TemporaryError
 from flotilla.common.health import EventMetrics
 from flotilla.common.infra import NatsServer
+from flotilla.common.testing import eventually
 from flotilla.common.topology import ConsumerSpec, Topology, partition_of
 
 pytestmark = pytest.mark.integration
@@ -40,14 +41,6 @@ def observed(name: str, seq: int, namespace: str = "default") -> events.Envelope
 def seq_of(event: events.Envelope) -> int:
     assert isinstance(event.payload, events.ResourceObserved)
     return int(event.payload.object["data"]["seq"])
-
-
-async def until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 @asynccontextmanager
@@ -132,7 +125,7 @@ async def test_temporary_error_is_redelivered_after_its_delay(
         consuming(bus, handler, metrics=metrics),
     ):
         await bus.publish(observed("a", 1))
-        await until(lambda: len(calls) == 2)
+        await eventually(lambda: len(calls) == 2)
     assert calls[1] - calls[0] >= 0.75
     sample = registry.get_sample_value
     assert sample("flotilla_events_handled_total", {"type": "ResourceObserved"}) == 1
@@ -152,7 +145,7 @@ async def test_retry_never_lets_a_newer_event_of_the_key_overtake(
 
     async with connected(nats_server, f"ord{unique}") as bus, consuming(bus, handler):
         await bus.publish_batch([observed("a", i) for i in (1, 2, 3)])
-        await until(lambda: len(seen) == 4)
+        await eventually(lambda: len(seen) == 4)
     assert seen == [1, 1, 2, 3]
 
 
@@ -175,7 +168,7 @@ async def test_permanent_error_dead_letters_and_the_key_carries_on(
         consuming(bus, handler, on_dead_letter=hook),
     ):
         await bus.publish_batch([observed("a", 1), observed("a", 2)])
-        await until(lambda: handled == [2] and len(hooked) == 1)
+        await eventually(lambda: handled == [2] and len(hooked) == 1)
         letters = await bus.dead_letters()
     assert len(letters) == 1
     assert letters[0].reason == "PermanentError"
@@ -196,17 +189,8 @@ async def test_poison_bytes_are_dead_lettered_and_others_flow(
         subject = bus.topology.event_subject("ResourceObserved", "junk")
         await bus.js.publish(subject, b"{not json", headers={busmod.KEY_HEADER: "junk"})
         await bus.publish(observed("b", 7))
-        await until(lambda: handled == [7])
-        letters: list[busmod.DeadLetter] = []
-
-        async def poll() -> bool:
-            letters[:] = await bus.dead_letters()
-            return bool(letters)
-
-        deadline = time.monotonic() + 10
-        while not await poll():
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        await eventually(lambda: handled == [7])
+        letters: list[busmod.DeadLetter] = await eventually(bus.dead_letters, what="a dead letter")
     assert letters[0].reason == "InvalidEvent"
     assert "not a valid Flotilla event" in letters[0].error
     assert letters[0].data == b"{not json"
@@ -227,13 +211,8 @@ async def test_retries_exhausted_go_to_the_dead_letter_stream(
         consuming(bus, handler, max_deliver=3),
     ):
         await bus.publish(observed("a", 1))
-        await until(lambda: attempts == 3)
-        letters: list[busmod.DeadLetter] = []
-        deadline = time.monotonic() + 10
-        while not letters:
-            letters = await bus.dead_letters()
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        await eventually(lambda: attempts == 3)
+        letters: list[busmod.DeadLetter] = await eventually(bus.dead_letters, what="a dead letter")
     assert letters[0].reason == "RetriesExhausted"
     assert letters[0].delivered == 3
 
@@ -262,7 +241,7 @@ async def test_two_instances_keep_per_key_order_and_handle_each_event_once(
         consuming(bus, handler_for("i1"), instance="i1") as first,
         consuming(bus, handler_for("i2"), instance="i2") as second,
     ):
-        await until(
+        await eventually(
             lambda: (
                 first.partitions
                 and second.partitions
@@ -273,7 +252,7 @@ async def test_two_instances_keep_per_key_order_and_handle_each_event_once(
         batch = [observed(f"k{k}", s) for s in range(per_key) for k in range(keys)]
         for start in range(0, len(batch), 200):
             await bus.publish_batch(batch[start : start + 200])
-        await until(lambda: sum(map(len, handled.values())) == keys * per_key, timeout=60)
+        await eventually(lambda: sum(map(len, handled.values())) == keys * per_key, timeout=60)
     assert len(handled) == keys
     for key, seqs in handled.items():
         assert seqs == list(range(per_key)), key
@@ -295,12 +274,12 @@ async def test_nats_killed_mid_stream_resumes_without_loss(
     async with connected(fresh_nats, f"kill{unique}") as bus:
         await bus.publish_batch([observed(f"k{i % 10}", i) for i in range(total)])
         async with consuming(bus, handler):
-            await until(lambda: len(handled) > 20)
+            await eventually(lambda: len(handled) > 20)
             fresh_nats.kill()
             assert len(handled) < total, "the kill must land mid-stream"
             await asyncio.sleep(0.5)
             fresh_nats.start()
-            await until(lambda: len(handled) == total, timeout=60)
+            await eventually(lambda: len(handled) == total, timeout=60)
     assert handled == set(range(total))
 
 
