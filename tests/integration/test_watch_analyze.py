@@ -27,7 +27,6 @@ from typing import Any
 
 import nats
 import pytest
-import yaml
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.dynamic import DynamicClient
@@ -38,14 +37,12 @@ from flotilla.common.api import DEPENDENCIES_ANNOTATION, PLACEMENT_ANNOTATION
 from flotilla.common.config import Settings
 from flotilla.common.infra import NatsServer
 from flotilla.common.service import Runtime
-from flotilla.common.testing import eventually
+from flotilla.common.testing import CRD_DIR, eventually
 from flotilla.depdetector import service as depdetector
 from flotilla.kubesim.server import KubeSim
 from flotilla.watcher import service as watcher
 
 pytestmark = pytest.mark.integration
-
-CRD_DIR = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "crds"
 
 
 class EventLog:
@@ -114,9 +111,7 @@ def settings_for(nats_server: NatsServer, prefix: str, tmp_path: Path) -> Callab
 
 
 async def install_crds(api: Any) -> None:
-    extensions = k8s.ApiextensionsV1Api(api)
-    for path in sorted(CRD_DIR.glob("*.yaml")):
-        await extensions.create_custom_resource_definition(yaml.safe_load(path.read_text()))
+    await kube.install_crds(api, CRD_DIR.glob("*.yaml"))
 
 
 @contextlib.asynccontextmanager

@@ -21,8 +21,8 @@ import yaml
 from pydantic import BaseModel
 
 from flotilla.common import api
+from flotilla.common.testing import CRD_DIR
 
-CRD_DIR = Path(__file__).resolve().parents[3] / "deploy" / "k8s" / "crds"
 CRD_FILES = sorted(CRD_DIR.glob("*.yaml"))
 
 SPEC_MODELS: dict[str, type[BaseModel]] = {

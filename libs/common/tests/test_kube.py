@@ -12,6 +12,7 @@ from kubernetes_asyncio.dynamic import DynamicClient
 
 from flotilla.common import kube
 from flotilla.common.errors import InvalidObject, Unavailable
+from flotilla.common.testing import CRD_DIR
 
 
 @pytest.mark.parametrize(
@@ -63,3 +64,15 @@ async def test_events_are_recorded_once_and_counted(kubesim_factory: Any) -> Non
         dyn = await DynamicClient(api)
         with pytest.raises(InvalidObject, match="does not serve"):
             await kube.resource_for(dyn, "example.com/v1", "Nope")
+
+
+@pytest.mark.integration
+async def test_install_crds_is_idempotent(kubesim_factory: Any) -> None:
+    hub = await kubesim_factory("hub", hub=True)
+    async with await kube.client_from_kubeconfig(kubeconfig=hub.kubeconfig()) as api:
+        first = await kube.install_crds(api, CRD_DIR.glob("*.yaml"))
+        again = await kube.install_crds(api, CRD_DIR.glob("*.yaml"))
+        served = await client.ApiextensionsV1Api(api).list_custom_resource_definition()
+    assert first == again
+    assert "clusters.flotilla.io" in first
+    assert {c.metadata.name for c in served.items} >= set(first)

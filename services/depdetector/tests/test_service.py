@@ -7,12 +7,10 @@ import contextlib
 import copy
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
-import yaml
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config
 from kubernetes_asyncio.dynamic import DynamicClient
@@ -21,10 +19,9 @@ from nats.aio.msg import Msg
 from flotilla.common import events, kube
 from flotilla.common.api import DEPENDENCIES_ANNOTATION, STRATEGY_ANNOTATION, GroupVersionKind
 from flotilla.common.bus import Bus
-from flotilla.common.config import Settings
 from flotilla.common.infra import NatsServer
 from flotilla.common.service import Runtime
-from flotilla.common.testing import eventually
+from flotilla.common.testing import CRD_DIR, eventually, service_settings
 from flotilla.depdetector import service
 from flotilla.kubesim.server import KubeSim
 
@@ -33,7 +30,6 @@ from .builders import FLINK_INTERPRETER, container, manifest, pod_spec, template
 pytestmark = pytest.mark.integration
 
 NS = "shop"
-CRD_DIR = Path(__file__).resolve().parents[3] / "deploy" / "k8s" / "crds"
 FLINK_CRD: Any = {
     "apiVersion": "apiextensions.k8s.io/v1",
     "kind": "CustomResourceDefinition",
@@ -149,21 +145,11 @@ async def detector(
     refresh_interval: float = 60.0,
 ) -> AsyncIterator[Setup]:
     hub: KubeSim = await kubesim_factory("hub", hub=True)
-    settings = Settings(
-        service="depdetector",
-        instance="d-1",
-        nats_url=nats_server.url,
-        stream_prefix=f"dd{unique}",
-        partitions=2,
-        health_host="127.0.0.1",
-        health_port=0,
-    )
+    settings = service_settings("depdetector", nats_server, f"dd{unique}", instance="d-1")
     api = await config.new_client_from_config_dict(hub.kubeconfig())
     async with api, DynamicClient(api) as dyn:
-        extensions = k8s.ApiextensionsV1Api(api)
-        for path in sorted(CRD_DIR.glob("*.yaml")):
-            await extensions.create_custom_resource_definition(yaml.safe_load(path.read_text()))
-        await extensions.create_custom_resource_definition(FLINK_CRD)
+        await kube.install_crds(api, CRD_DIR.glob("*.yaml"))
+        await k8s.ApiextensionsV1Api(api).create_custom_resource_definition(FLINK_CRD)
         namespace: Any = {"metadata": {"name": NS}}
         await k8s.CoreV1Api(api).create_namespace(namespace)
         async with Runtime.open(settings) as rt:

@@ -5,28 +5,24 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
-import yaml
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config
 from kubernetes_asyncio.dynamic import DynamicClient
 from nats.aio.msg import Msg
 
-from flotilla.common import events
-from flotilla.common.config import Settings
+from flotilla.common import events, kube
 from flotilla.common.infra import NatsServer
 from flotilla.common.service import Runtime
-from flotilla.common.testing import eventually
+from flotilla.common.testing import CRD_DIR, eventually, service_settings
 from flotilla.watcher import service
 
 pytestmark = pytest.mark.integration
 
 NS = "shop"
-CRD_DIR = Path(__file__).resolve().parents[3] / "deploy" / "k8s" / "crds"
 GADGET_CRD: Any = {
     "apiVersion": "apiextensions.k8s.io/v1",
     "kind": "CustomResourceDefinition",
@@ -97,20 +93,10 @@ async def harness(
     kubesim_factory: Any, nats_server: NatsServer, unique: str
 ) -> AsyncIterator[Harness]:
     hub = await kubesim_factory("hub", hub=True)
-    settings = Settings(
-        service="watcher",
-        instance="w-1",
-        nats_url=nats_server.url,
-        stream_prefix=f"ws{unique}",
-        partitions=2,
-        health_host="127.0.0.1",
-        health_port=0,
-    )
+    settings = service_settings("watcher", nats_server, f"ws{unique}", instance="w-1")
     api = await config.new_client_from_config_dict(hub.kubeconfig())
     async with api, DynamicClient(api) as dyn:
-        extensions = k8s.ApiextensionsV1Api(api)
-        for path in sorted(CRD_DIR.glob("*.yaml")):
-            await extensions.create_custom_resource_definition(yaml.safe_load(path.read_text()))
+        await kube.install_crds(api, CRD_DIR.glob("*.yaml"))
         namespace: Any = {"metadata": {"name": NS}}
         await k8s.CoreV1Api(api).create_namespace(namespace)
         nc = await nats.connect(nats_server.url)

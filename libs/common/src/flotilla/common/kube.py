@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -37,6 +39,28 @@ async def client_from_kubeconfig(
     if kubeconfig is not None:
         return await config.new_client_from_config_dict(kubeconfig)
     return await config.new_client_from_config(config_file=str(path) if path else None)
+
+
+async def install_crds(api: ApiClient, paths: Iterable[Path]) -> list[str]:
+    """Create (or replace) the CustomResourceDefinitions in `paths` (YAML, may hold
+    several documents); returns their names. Used to set up a hub."""
+    extensions = client.ApiextensionsV1Api(api)
+    names = []
+    for path in sorted(paths):
+        for document in yaml.safe_load_all(path.read_text()):
+            if not document:
+                continue
+            name = document["metadata"]["name"]
+            try:
+                await extensions.create_custom_resource_definition(document)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise translate(exc) from exc
+                current = await extensions.read_custom_resource_definition(name)
+                document["metadata"]["resourceVersion"] = current.metadata.resource_version
+                await extensions.replace_custom_resource_definition(name, document)
+            names.append(name)
+    return names
 
 
 def gvk_of(obj: JsonObject) -> tuple[str, str, str]:

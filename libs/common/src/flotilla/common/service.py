@@ -152,7 +152,7 @@ class Runtime:
         """Until `stop()` or SIGTERM/SIGINT."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
+            with contextlib.suppress(RuntimeError):  # not the main thread: no signals
                 loop.add_signal_handler(sig, self.stop)
         await self._stopped.wait()
 

@@ -17,10 +17,12 @@ import inspect
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from flotilla.common.config import Settings
 from flotilla.common.infra import NatsServer, RedisServer
 
 
@@ -54,7 +56,24 @@ def unique() -> str:
     return uuid.uuid4().hex[:8]
 
 
-T = TypeVar("T")
+CRD_DIR = Path(__file__).resolve().parents[5] / "deploy" / "k8s" / "crds"
+"""The hub's CRDs in this repository (tests install them with `kube.install_crds`)."""
+
+
+def service_settings(service: str, nats: NatsServer, prefix: str, **overrides: Any) -> Settings:
+    """Settings for a service under test: the given NATS, its own stream prefix,
+    two partitions and a health endpoint on a free loopback port."""
+    values: dict[str, Any] = {
+        "service": service,
+        "instance": f"{service}-1",
+        "nats_url": nats.url,
+        "stream_prefix": prefix,
+        "partitions": 2,
+        "health_host": "127.0.0.1",
+        "health_port": 0,
+    }
+    values.update(overrides)
+    return Settings(**values)
 
 
 async def eventually(
