@@ -29,13 +29,13 @@ count. Reservations are not attributed to nodes (the scheduler does not pick
 nodes; the member's kube-scheduler does), so only the cluster-level cap sees them.
 A record without a node breakdown is judged at the cluster level alone.
 
-The Redis side is two small Lua scripts rather than a library: nothing maintained
-offers an atomic "check several resource amounts against a record minus live,
-expiring claims, then claim" on Redis. Its costs and limits: `reserve` is linear
-in the cluster's nodes and live reservations (it re-reads both; fine for the tens
-of in-flight decisions a cluster sees); `snapshot` derives key names inside the
-script, so it needs a standalone or Sentinel Redis, not Redis Cluster; amounts must
-stay below 2**53 (Lua numbers are doubles).
+The Redis side (`flotilla.common.rediscapacity`) is a few small Lua scripts rather
+than a library: nothing maintained offers an atomic "check several resource amounts
+against a record minus live, expiring claims, then claim" on Redis. It keeps running
+totals of the live reservations per cluster, so `reserve` is linear in the cluster's
+nodes and `snapshot` in the clusters, however many reservations are live; `snapshot`
+derives key names inside the script, so it needs a standalone or Sentinel Redis, not
+Redis Cluster; amounts must stay below 2**53 (Lua numbers are doubles).
 """
 
 from __future__ import annotations
@@ -84,9 +84,9 @@ class Reservation(_Model):
 class ClusterCapacity(_Model):
     """The capacity record of one member cluster at `observed_at` (epoch seconds).
 
-    `reserved` is the sum of the live reservations (pod slots included) when the
-    record comes out of a snapshot; whatever a writer puts there is ignored, since
-    reservations live beside the record, not in it.
+    `reserved` is the sum of the live reservations (pod slots included; resources
+    summing to zero left out) when the record comes out of a snapshot; whatever a
+    writer puts there is ignored, since reservations live beside the record.
     """
 
     cluster: str
@@ -244,7 +244,7 @@ class FakeCapacityCache:
             record = self._records.get(name)
             if record is not None:
                 held = self._live(name, now).values()
-                reserved = add(*(r.total for r in held))
+                reserved = {r: n for r, n in add(*(r.total for r in held)).items() if n}
                 out[name] = record.model_copy(update={"reserved": reserved})
         return Snapshot(clusters=out, taken_at=now)
 

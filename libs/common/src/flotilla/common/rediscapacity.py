@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
 
 from pydantic import SecretStr
 from redis.asyncio import Redis
@@ -25,7 +24,6 @@ from flotilla.common.capacity import (
     Requests,
     Reservation,
     Snapshot,
-    pod_shape,
     validate_reservation,
 )
 from flotilla.common.errors import Unavailable
@@ -35,43 +33,67 @@ from flotilla.common.errors import Unavailable
 #   <prefix>cluster:<name>         the record as compact JSON, `reserved` left out
 #   <prefix>reservations:<name>    hash  id -> {"requests": {...}, "replicas": n}
 #   <prefix>expiry:<name>          zset  id -> expires_at (Redis server time, epoch seconds)
-# Amounts stay integers end to end: Lua only decodes and compares them (doubles are
-# exact below 2**53, i.e. 8 PiB of memory), it never re-encodes them.
+#   <prefix>reserved:<name>        hash  resource -> total units of the live reservations
+# The totals are kept by the scripts on every reserve, release and expiry, so a
+# snapshot and a reserve cost O(resources) per cluster, not O(live reservations).
+# Amounts stay integers end to end (doubles are exact below 2**53, i.e. 8 PiB).
 
-_LUA_NOW = """
+_LUA_COMMON = """
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local now_s = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
-"""
 
-_RESERVE = (
-    _LUA_NOW
-    + """
--- KEYS: record, reservations hash, expiry zset. ARGV: id, body JSON, ttl seconds.
-local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now_s)
-for _, rid in ipairs(expired) do redis.call('HDEL', KEYS[2], rid) end
-if #expired > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_s) end
-
-local raw = redis.call('GET', KEYS[1])
-if not raw then return 0 end
-local record = cjson.decode(raw)
-local body = cjson.decode(ARGV[2])
 local function with_pod(shape)
   if shape.pods == nil then shape.pods = 1 end
   return shape
 end
+
+-- add (sign 1) or take away (sign -1) one reservation body's totals
+local function count_in(totals_key, raw_body, sign)
+  local body = cjson.decode(raw_body)
+  for r, amount in pairs(with_pod(body.requests)) do
+    local delta = amount * body.replicas
+    if delta ~= 0 then
+      redis.call('HINCRBY', totals_key, r, string.format('%d', sign * delta))
+    end
+  end
+end
+
+-- drop expired reservations of one cluster and their totals
+local function purge(res_key, exp_key, totals_key)
+  local expired = redis.call('ZRANGEBYSCORE', exp_key, '-inf', now_s)
+  for _, rid in ipairs(expired) do
+    local raw = redis.call('HGET', res_key, rid)
+    if raw then count_in(totals_key, raw, -1) end
+    redis.call('HDEL', res_key, rid)
+  end
+  if #expired > 0 then redis.call('ZREMRANGEBYSCORE', exp_key, '-inf', now_s) end
+end
+"""
+
+_RESERVE = (
+    _LUA_COMMON
+    + """
+-- KEYS: record, reservations hash, expiry zset, totals hash. ARGV: id, body JSON, ttl.
+purge(KEYS[2], KEYS[3], KEYS[4])
+local raw = redis.call('GET', KEYS[1])
+if not raw then return 0 end
+local record = cjson.decode(raw)
+local body = cjson.decode(ARGV[2])
 local shape = with_pod(body.requests)
 
 local headroom = {}
 for r, amount in pairs(record.available) do headroom[r] = amount end
-local held = redis.call('HGETALL', KEYS[2])
-for i = 1, #held, 2 do
-  if held[i] ~= ARGV[1] then
-    local other = cjson.decode(held[i + 1])
-    for r, amount in pairs(with_pod(other.requests)) do
-      headroom[r] = (headroom[r] or 0) - amount * other.replicas
-    end
+local totals = redis.call('HGETALL', KEYS[4])
+for i = 1, #totals, 2 do
+  headroom[totals[i]] = (headroom[totals[i]] or 0) - tonumber(totals[i + 1])
+end
+local previous = redis.call('HGET', KEYS[2], ARGV[1])
+if previous then  -- re-reserving an id replaces it: its own claim is not in the way
+  local old = cjson.decode(previous)
+  for r, amount in pairs(with_pod(old.requests)) do
+    headroom[r] = (headroom[r] or 0) + amount * old.replicas
   end
 end
 
@@ -98,14 +120,28 @@ if body.replicas > 0 then
   end
   if fit ~= nil and fit < body.replicas then return 0 end
 end
+if previous then count_in(KEYS[4], previous, -1) end
+count_in(KEYS[4], ARGV[2], 1)
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[3], string.format('%.6f', now + tonumber(ARGV[3])), ARGV[1])
 return 1
 """
 )
 
+_RELEASE = (
+    _LUA_COMMON
+    + """
+-- KEYS: reservations hash, expiry zset, totals hash. ARGV: id.
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if raw then count_in(KEYS[3], raw, -1) end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"""
+)
+
 _SNAPSHOT = (
-    _LUA_NOW
+    _LUA_COMMON
     + """
 -- KEYS: the cluster index set. ARGV: prefix, then cluster names (none = every cluster).
 -- The per-cluster keys are derived here, which is why the cache needs a standalone
@@ -117,45 +153,36 @@ if #ARGV > 1 then
 else
   names = redis.call('SMEMBERS', KEYS[1])
 end
--- Per cluster: name, record JSON, and its live reservations as three JSON arrays
--- (ids, bodies, expiries), built by concatenation so amounts are never re-encoded
--- and the client parses a few strings instead of thousands of nested replies.
+-- Per cluster: name, record JSON, and the live totals as a flat list.
 local out = {t[1], t[2]}
 for _, name in ipairs(names) do
   local raw = redis.call('GET', prefix .. 'cluster:' .. name)
   if raw then
-    local live = redis.call(
-      'ZRANGEBYSCORE', prefix .. 'expiry:' .. name, '(' .. now_s, '+inf', 'WITHSCORES')
-    local ids, bodies, expiries = {}, {}, {}
-    for i = 1, #live, 2 do
-      local body = redis.call('HGET', prefix .. 'reservations:' .. name, live[i])
-      if body then
-        ids[#ids + 1] = cjson.encode(live[i])
-        bodies[#bodies + 1] = body
-        expiries[#expiries + 1] = live[i + 1]
-      end
-    end
-    out[#out + 1] = {
-      name, raw,
-      '[' .. table.concat(ids, ',') .. ']',
-      '[' .. table.concat(bodies, ',') .. ']',
-      '[' .. table.concat(expiries, ',') .. ']',
-    }
+    local totals_key = prefix .. 'reserved:' .. name
+    purge(prefix .. 'reservations:' .. name, prefix .. 'expiry:' .. name, totals_key)
+    out[#out + 1] = {name, raw, redis.call('HGETALL', totals_key)}
   end
 end
 return out
 """
 )
 
+_LIST = (
+    _LUA_COMMON
+    + """
+-- KEYS: reservations hash, expiry zset, totals hash. Live reservations by expiry.
+purge(KEYS[1], KEYS[2], KEYS[3])
+local live = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now_s, '+inf', 'WITHSCORES')
+local out = {}
+for i = 1, #live, 2 do
+  local body = redis.call('HGET', KEYS[1], live[i])
+  if body then out[#out + 1] = {live[i], body, live[i + 1]} end
+end
+return out
+"""
+)
+
 DEFAULT_PREFIX = "flotilla:capacity:"
-
-
-class _Held(NamedTuple):
-    """One cluster's live reservations as the snapshot script returns them, by expiry."""
-
-    ids: list[str]
-    bodies: list[dict[str, Any]]
-    expiries: list[float]
 
 
 @contextlib.contextmanager
@@ -177,7 +204,9 @@ class RedisCapacityCache:
         self._client = client
         self._prefix = prefix
         self._reserve = client.register_script(_RESERVE)
+        self._release = client.register_script(_RELEASE)
         self._snapshot = client.register_script(_SNAPSHOT)
+        self._list = client.register_script(_LIST)
 
     @classmethod
     def from_url(
@@ -226,42 +255,30 @@ class RedisCapacityCache:
                     self._key("cluster", cluster),
                     self._key("reservations", cluster),
                     self._key("expiry", cluster),
+                    self._key("reserved", cluster),
                 )
                 pipe.srem(f"{self._prefix}clusters", cluster)
                 await pipe.execute()
 
-    async def _read(
-        self, clusters: Iterable[str] | None
-    ) -> tuple[float, list[tuple[ClusterCapacity, _Held]]]:
+    async def snapshot(self, clusters: Iterable[str] | None = None) -> Snapshot:
         names = [] if clusters is None else list(clusters)
         if clusters is not None and not names:
             with _unavailable("snapshot"):
                 seconds, micros = await self._client.time()
-            return seconds + micros / 1e6, []
+            return Snapshot(clusters={}, taken_at=seconds + micros / 1e6)
         with _unavailable("snapshot"):
             reply = await self._snapshot(
                 keys=[f"{self._prefix}clusters"], args=[self._prefix, *names]
             )
-        taken_at = int(reply[0]) + int(reply[1]) / 1e6
-        return taken_at, [
-            (
-                ClusterCapacity.model_validate_json(raw),
-                _Held(json.loads(ids), json.loads(bodies), json.loads(expiries)),
-            )
-            for _name, raw, ids, bodies, expiries in reply[2:]
-        ]
-
-    async def snapshot(self, clusters: Iterable[str] | None = None) -> Snapshot:
-        taken_at, read = await self._read(clusters)
         records = {}
-        for record, held in read:
+        for _name, raw, flat in reply[2:]:
+            record = ClusterCapacity.model_validate_json(raw)
             reserved: Requests = {}
-            for body in held.bodies:
-                replicas = body["replicas"]
-                for resource, amount in pod_shape(body["requests"]).items():
-                    reserved[resource] = reserved.get(resource, 0) + amount * replicas
+            for resource, amount in zip(flat[::2], flat[1::2], strict=True):
+                if int(amount):
+                    reserved[_text(resource)] = int(amount)
             records[record.cluster] = record.model_copy(update={"reserved": reserved})
-        return Snapshot(clusters=records, taken_at=taken_at)
+        return Snapshot(clusters=records, taken_at=int(reply[0]) + int(reply[1]) / 1e6)
 
     async def reserve(
         self,
@@ -281,28 +298,40 @@ class RedisCapacityCache:
                     self._key("cluster", cluster),
                     self._key("reservations", cluster),
                     self._key("expiry", cluster),
+                    self._key("reserved", cluster),
                 ],
                 args=[reservation_id, body, repr(float(ttl))],
             )
         return bool(done)
 
+    def _held_keys(self, cluster: str) -> list[str]:
+        return [
+            self._key("reservations", cluster),
+            self._key("expiry", cluster),
+            self._key("reserved", cluster),
+        ]
+
     async def release(self, cluster: str, reservation_id: str) -> None:
         with _unavailable(f"release on {cluster}"):
-            async with self._client.pipeline(transaction=True) as pipe:
-                pipe.hdel(self._key("reservations", cluster), reservation_id)
-                pipe.zrem(self._key("expiry", cluster), reservation_id)
-                await pipe.execute()
+            await self._release(keys=self._held_keys(cluster), args=[reservation_id])
 
     async def reservations(self, cluster: str) -> list[Reservation]:
-        _, read = await self._read([cluster])
-        return [
-            Reservation(
-                id=rid,
-                cluster=cluster,
-                requests=body["requests"],
-                replicas=body["replicas"],
-                expires_at=expires_at,
+        with _unavailable(f"reservations on {cluster}"):
+            live = await self._list(keys=self._held_keys(cluster))
+        found = []
+        for rid, raw, expires_at in live:
+            body = json.loads(raw)
+            found.append(
+                Reservation(
+                    id=_text(rid),
+                    cluster=cluster,
+                    requests=body["requests"],
+                    replicas=body["replicas"],
+                    expires_at=float(expires_at),
+                )
             )
-            for _, held in read
-            for rid, body, expires_at in zip(held.ids, held.bodies, held.expiries, strict=True)
-        ]
+        return found
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
