@@ -37,7 +37,7 @@ from flotilla.common.api import DEPENDENCIES_ANNOTATION, PLACEMENT_ANNOTATION
 from flotilla.common.config import Settings
 from flotilla.common.infra import NatsServer
 from flotilla.common.service import Runtime
-from flotilla.common.testing import CRD_DIR, eventually
+from flotilla.common.testing import CRD_DIR, eventually, schemaless_crd
 from flotilla.depdetector import service as depdetector
 from flotilla.kubesim.server import KubeSim
 from flotilla.watcher import service as watcher
@@ -209,29 +209,7 @@ def key(name: str, kind: str = "Deployment", api_version: str = "apps/v1") -> st
     return f"{api_version}/{kind}/{NS}/{name}"
 
 
-WIDGET_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "widgets.example.com"},
-    "spec": {
-        "group": "example.com",
-        "scope": "Namespaced",
-        "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "x-kubernetes-preserve-unknown-fields": True,
-                    }
-                },
-            }
-        ],
-    },
-}
+WIDGET_CRD = schemaless_crd("example.com", "Widget", "v1")
 
 
 def widget(name: str) -> Any:

@@ -21,7 +21,7 @@ from flotilla.common.api import DEPENDENCIES_ANNOTATION, STRATEGY_ANNOTATION, Gr
 from flotilla.common.bus import Bus
 from flotilla.common.infra import NatsServer
 from flotilla.common.service import Runtime
-from flotilla.common.testing import CRD_DIR, eventually, service_settings
+from flotilla.common.testing import CRD_DIR, eventually, schemaless_crd, service_settings
 from flotilla.depdetector import service
 from flotilla.kubesim.server import KubeSim
 
@@ -30,33 +30,7 @@ from .builders import FLINK_INTERPRETER, container, manifest, pod_spec, template
 pytestmark = pytest.mark.integration
 
 NS = "shop"
-FLINK_CRD: Any = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "flinkdeployments.flink.apache.org"},
-    "spec": {
-        "group": "flink.apache.org",
-        "scope": "Namespaced",
-        "names": {
-            "plural": "flinkdeployments",
-            "singular": "flinkdeployment",
-            "kind": "FlinkDeployment",
-        },
-        "versions": [
-            {
-                "name": "v1beta1",
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "x-kubernetes-preserve-unknown-fields": True,
-                    }
-                },
-            }
-        ],
-    },
-}
+FLINK_CRD = schemaless_crd("flink.apache.org", "FlinkDeployment", "v1beta1")
 
 
 class Setup:

@@ -17,35 +17,13 @@ from nats.aio.msg import Msg
 from flotilla.common import events, kube
 from flotilla.common.infra import NatsServer
 from flotilla.common.service import Runtime
-from flotilla.common.testing import CRD_DIR, eventually, service_settings
+from flotilla.common.testing import CRD_DIR, eventually, schemaless_crd, service_settings
 from flotilla.watcher import service
 
 pytestmark = pytest.mark.integration
 
 NS = "shop"
-GADGET_CRD: Any = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "gadgets.example.com"},
-    "spec": {
-        "group": "example.com",
-        "scope": "Namespaced",
-        "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "x-kubernetes-preserve-unknown-fields": True,
-                    }
-                },
-            }
-        ],
-    },
-}
+GADGET_CRD = schemaless_crd("example.com", "Gadget", "v1")
 
 
 class Harness:

@@ -60,6 +60,24 @@ CRD_DIR = Path(__file__).resolve().parents[5] / "deploy" / "k8s" / "crds"
 """The hub's CRDs in this repository (tests install them with `kube.install_crds`)."""
 
 
+def schemaless_crd(group: str, kind: str, version: str = "v1") -> dict[str, Any]:
+    """A namespaced CustomResourceDefinition that accepts any spec: a user type a test
+    can place, interpret or watch (plural = lowercase kind + "s")."""
+    plural = f"{kind.lower()}s"
+    schema = {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": plural, "singular": kind.lower(), "kind": kind},
+            "versions": [{"name": version, "served": True, "storage": True, "schema": schema}],
+        },
+    }
+
+
 def service_settings(service: str, nats: NatsServer, prefix: str, **overrides: Any) -> Settings:
     """Settings for a service under test: the given NATS, its own stream prefix,
     two partitions and a health endpoint on a free loopback port."""
