@@ -18,12 +18,14 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
 
 from flotilla.common import bus as busmod
-from flotilla.common import events
+from flotilla.common import events, middleware
+from flotilla.common.dispatch import DeadLetter, DeadLetterHook, Received
 from flotilla.common.errors import PermanentError, TemporaryError
 from flotilla.common.health import EventMetrics
 from flotilla.common.infra import NatsServer
+from flotilla.common.router import Router
 from flotilla.common.testing import eventually
-from flotilla.common.topology import ConsumerSpec, Topology, partition_of
+from flotilla.common.topology import Topology, partition_of
 
 pytestmark = pytest.mark.integration
 
@@ -63,20 +65,24 @@ async def consuming(
     instance: str = "i1",
     ack_wait: float = 5.0,
     max_deliver: int = 5,
-    on_dead_letter: busmod.DeadLetterHook | None = None,
+    on_dead_letter: DeadLetterHook | None = None,
     metrics: EventMetrics | None = None,
 ) -> AsyncIterator[busmod.Consumer]:
-    spec = ConsumerSpec(
-        service="svc", event_types=("ResourceObserved",), ack_wait=ack_wait, max_deliver=max_deliver
-    )
-    consumer = busmod.Consumer(
-        bus,
-        spec,
-        {"ResourceObserved": handler},
+    router = Router("svc", ack_wait=ack_wait, max_deliver=max_deliver)
+
+    @router.on(events.ResourceObserved)
+    async def route(received: Received[events.ResourceObserved]) -> None:
+        await handler(received.envelope)
+
+    chain = [middleware.tracing("svc", bus.tracer)]
+    if metrics is not None:
+        chain.append(middleware.metrics(metrics))
+    consumer = bus.consumer(
+        router.spec,
+        router.dispatch(chain),
         instance=instance,
         concurrency=16,
         on_dead_letter=on_dead_letter,
-        metrics=metrics,
     )
     task = asyncio.create_task(consumer.run())
     try:
@@ -153,14 +159,14 @@ async def test_permanent_error_dead_letters_and_the_key_carries_on(
     nats_server: NatsServer, unique: str
 ) -> None:
     handled: list[int] = []
-    hooked: list[busmod.DeadLetter] = []
+    hooked: list[DeadLetter] = []
 
     async def handler(event: events.Envelope) -> None:
         if seq_of(event) == 1:
             raise PermanentError("spec.replicas must be a number")
         handled.append(seq_of(event))
 
-    async def hook(letter: busmod.DeadLetter) -> None:
+    async def hook(letter: DeadLetter) -> None:
         hooked.append(letter)
 
     async with (
@@ -190,7 +196,7 @@ async def test_poison_bytes_are_dead_lettered_and_others_flow(
         await bus.js.publish(subject, b"{not json", headers={busmod.KEY_HEADER: "junk"})
         await bus.publish(observed("b", 7))
         await eventually(lambda: handled == [7])
-        letters: list[busmod.DeadLetter] = await eventually(bus.dead_letters, what="a dead letter")
+        letters: list[DeadLetter] = await eventually(bus.dead_letters, what="a dead letter")
     assert letters[0].reason == "InvalidEvent"
     assert "not a valid Flotilla event" in letters[0].error
     assert letters[0].data == b"{not json"
@@ -212,7 +218,7 @@ async def test_retries_exhausted_go_to_the_dead_letter_stream(
     ):
         await bus.publish(observed("a", 1))
         await eventually(lambda: attempts == 3)
-        letters: list[busmod.DeadLetter] = await eventually(bus.dead_letters, what="a dead letter")
+        letters: list[DeadLetter] = await eventually(bus.dead_letters, what="a dead letter")
     assert letters[0].reason == "RetriesExhausted"
     assert letters[0].delivered == 3
 

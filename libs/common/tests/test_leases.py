@@ -2,8 +2,7 @@ from collections import Counter
 
 import pytest
 
-from flotilla.common import bus as busmod
-from flotilla.common import leases
+from flotilla.common import dispatch, leases
 from flotilla.common.errors import PermanentError, TemporaryError
 from flotilla.common.topology import ConsumerSpec, Topology, partition_of
 
@@ -37,20 +36,20 @@ def test_partition_of_is_stable_across_processes() -> None:
 @pytest.mark.parametrize(
     ("error", "delivered", "expected"),
     [
-        (None, 1, busmod.Ack()),
-        (TemporaryError("x", delay=2.5), 1, busmod.Nak(delay=2.5)),
-        (RuntimeError("bug"), 1, busmod.Nak(delay=busmod.DEFAULT_RETRY_DELAY)),
-        (PermanentError("bad spec"), 1, busmod.Term("PermanentError", "bad spec")),
+        (None, 1, dispatch.Ack()),
+        (TemporaryError("x", delay=2.5), 1, dispatch.Nak(delay=2.5)),
+        (RuntimeError("bug"), 1, dispatch.Nak(delay=dispatch.DEFAULT_RETRY_DELAY)),
+        (PermanentError("bad spec"), 1, dispatch.Term("PermanentError", "bad spec")),
     ],
     ids=["ok", "temporary", "unexpected", "permanent"],
 )
-def test_disposition(error: Exception | None, delivered: int, expected: busmod.Outcome) -> None:
-    assert busmod.disposition(error, delivered=delivered, max_deliver=5) == expected
+def test_disposition(error: Exception | None, delivered: int, expected: dispatch.Outcome) -> None:
+    assert dispatch.disposition(error, delivered=delivered, max_deliver=5) == expected
 
 
 def test_disposition_gives_up_after_max_deliver() -> None:
-    outcome = busmod.disposition(TemporaryError("down"), delivered=5, max_deliver=5)
-    assert isinstance(outcome, busmod.Term)
+    outcome = dispatch.disposition(TemporaryError("down"), delivered=5, max_deliver=5)
+    assert isinstance(outcome, dispatch.Term)
     assert outcome.reason == "RetriesExhausted"
     assert "gave up after 5 deliveries" in outcome.error
 

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import aiohttp
 import pytest
 
-from flotilla.common import events, service
+from flotilla.common import events, membus, service
 from flotilla.common.config import Settings
+from flotilla.common.dispatch import Received
+from flotilla.common.errors import InvalidObject
 from flotilla.common.infra import NatsServer
-from flotilla.common.topology import ConsumerSpec
+from flotilla.common.router import Router
+from flotilla.common.testing import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -40,38 +44,37 @@ async def test_guarded_restarts_a_crashing_loop_and_stops_when_finished() -> Non
     assert runs == 3
 
 
-async def test_runtime_consumes_serves_health_and_shuts_down(
+async def test_the_composition_serves_handlers_health_and_shuts_down(
     nats_server: NatsServer, unique: str
 ) -> None:
     seen = asyncio.Event()
+    ticks = 0
+    order: list[str] = []
 
-    async def handler(event: events.Envelope) -> None:
+    async def on_cluster(received: Received[events.ClusterObserved]) -> None:
         seen.set()
 
-    async with service.Runtime.open(settings_for(nats_server, f"rt{unique}")) as runtime:
-        runtime.consume(
-            ConsumerSpec(service="svc", event_types=("ClusterObserved",)),
-            {"ClusterObserved": handler},
-        )
-        ticks = 0
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
 
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.01)
+    async def close_client() -> None:
+        order.append("client")
 
+    async def close_cache() -> None:
+        order.append("cache")
+
+    async def setup(runtime: service.Runtime) -> None:
+        router = Router("svc")
+        router.on(events.ClusterObserved)(on_cluster)
+        runtime.serve(router)
         runtime.spawn("ticker", ticker)
-        order: list[str] = []
-
-        async def close_client() -> None:
-            order.append("client")
-
-        async def close_cache() -> None:
-            order.append("cache")
-
         runtime.on_close(close_client)
         runtime.on_close(close_cache)
+
+    async with service.started(settings_for(nats_server, f"rt{unique}"), setup) as runtime:
         payload = events.ClusterObserved(cluster="us-east", object={"kind": "Cluster"})
         await runtime.bus.publish(events.envelope(payload, key="Cluster/us-east", producer="t"))
         await asyncio.wait_for(seen.wait(), 20)
@@ -83,6 +86,50 @@ async def test_runtime_consumes_serves_health_and_shuts_down(
                 text = await metrics.text()
         assert 'flotilla_events_handled_total{type="ClusterObserved"} 1.0' in text
         assert ticks > 0
-    assert runtime.bus.nc.is_closed
+        assert runtime.bus.connected
+    assert not runtime.bus.connected
     assert order == ["cache", "client"]
     assert all(task.done() for task in runtime._tasks)
+
+
+class Warnings:
+    """A `middleware.Reporter` that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, str, str]] = []
+
+    async def warning(self, obj: dict[str, Any], reason: str, message: str) -> None:
+        self.told.append((obj["metadata"]["name"], reason, message))
+
+
+async def test_the_same_composition_runs_on_the_memory_bus_and_reports_dead_letters(
+    unique: str,
+) -> None:
+    warnings = Warnings()
+    handled: list[str] = []
+
+    async def on_observed(received: Received[events.ResourceObserved]) -> None:
+        if received.payload.ref.name == "broken":
+            raise InvalidObject(
+                "spec.strategy: 'sideways' is not a strategy", reason="InvalidPolicy"
+            )
+        handled.append(received.payload.ref.name)
+
+    async def setup(runtime: service.Runtime) -> None:
+        router = Router("svc")
+        router.on(events.ResourceObserved)(on_observed)
+        runtime.serve(router, reporter=warnings)
+
+    bus = membus.MemoryBus()
+    settings = Settings(service="svc", instance="one", health_host="127.0.0.1", health_port=0)
+    async with service.started(settings, setup, bus=bus):
+        for name in ("broken", "fine"):
+            ref = events.ObjectRef(api_version="v1", kind="ConfigMap", name=name, namespace="ns")
+            obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}}
+            payload = events.ResourceObserved(ref=ref, object=obj)
+            await bus.publish(events.envelope(payload, key=ref.key, producer="t", uid=name))
+        await eventually(lambda: handled == ["fine"] and warnings.told, what="both outcomes")
+    assert warnings.told[0][:2] == ("broken", "InvalidPolicy")
+    assert "'sideways' is not a strategy" in warnings.told[0][2]
+    assert bus.connected, "a bus the caller passed in is the caller's to close"
+    await bus.close()

@@ -10,8 +10,9 @@ and deduplication out.
   (`flotilla.common.leases`), fetches each owned partition in batches, and
   dispatches per key in order with bounded concurrency across keys
   (`flotilla.common.queueing`). Long handlers are kept alive with `in_progress`.
-- `disposition`: the ONE place where the error vocabulary of
-  `flotilla.common.errors` becomes ack / nak(delay) / term + dead-letter.
+- Outcomes: `flotilla.common.dispatch.disposition` is the ONE place where the
+  error vocabulary becomes ack / nak(delay) / term + dead-letter; this module
+  carries the outcome out on JetStream.
 - `Bus.replay`: read a window of the event stream by sequence or time, the basis
   of event replay.
 
@@ -24,8 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -36,97 +36,41 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from opentelemetry import trace
-from opentelemetry.trace import Status, StatusCode
 
 from flotilla.common import events, telemetry
-from flotilla.common.errors import InvalidEvent, PermanentError, TemporaryError, Unavailable
-from flotilla.common.health import EventMetrics
+from flotilla.common.dispatch import (
+    KEY_HEADER,
+    TYPE_HEADER,
+    Ack,
+    DeadLetter,
+    DeadLetterHook,
+    Dispatch,
+    Nak,
+    Outcome,
+    Received,
+    ReplayedEvent,
+    disposition,
+    stamped,
+    user_reason,
+)
+from flotilla.common.errors import InvalidEvent, Unavailable
 from flotilla.common.leases import PartitionLeases
 from flotilla.common.queueing import KeyedQueue, Retry
 from flotilla.common.topology import BucketSpec, ConsumerSpec, StreamSpec, Topology, partition_of
 
 log = logging.getLogger(__name__)
 
-KEY_HEADER = "Flotilla-Key"
-TYPE_HEADER = "Flotilla-Type"
 DEAD_REASON_HEADER = "Flotilla-Dead-Reason"
 DEAD_ERROR_HEADER = "Flotilla-Dead-Error"
 ORIGINAL_SUBJECT_HEADER = "Flotilla-Original-Subject"
 ORIGINAL_SEQUENCE_HEADER = "Flotilla-Original-Sequence"
 DELIVERED_HEADER = "Flotilla-Delivered"
 
-Handler = Callable[[events.Envelope], Awaitable[None]]
-DeadLetterHook = Callable[["DeadLetter"], Awaitable[None]]
 
-
-# --- the one place errors become message outcomes ----------------------------------
-
-
-@dataclass(frozen=True)
-class Ack:
-    pass
-
-
-@dataclass(frozen=True)
-class Nak:
-    delay: float
-
-
-@dataclass(frozen=True)
-class Term:
-    reason: str
-    error: str
-
-
-Outcome = Ack | Nak | Term
-
-DEFAULT_RETRY_DELAY = 1.0
 FETCH_WAIT = 1.0
 
 
-def disposition(error: BaseException | None, *, delivered: int, max_deliver: int) -> Outcome:
-    """Map a handler's result to what happens to its message.
-
-    A temporary error is retried after its delay until `max_deliver` deliveries;
-    then, like a permanent error, the message goes to the dead-letter stream.
-    An unexpected exception is a bug in a handler: retried like a temporary error
-    (the bug may be a race that resolves), dead-lettered when retries run out.
-    """
-    if error is None:
-        return Ack()
-    if isinstance(error, PermanentError):
-        return Term(reason=type(error).__name__, error=str(error))
-    delay = error.delay if isinstance(error, TemporaryError) else DEFAULT_RETRY_DELAY
-    if delivered >= max_deliver:
-        return Term(
-            reason="RetriesExhausted",
-            error=f"gave up after {delivered} deliveries: {type(error).__name__}: {error}",
-        )
-    return Nak(delay=delay)
-
-
 # --- connection, topology, publishing ---------------------------------------------
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """What a dead-letter hook is told, and what `Bus.dead_letters` reads back."""
-
-    subject: str
-    sequence: int
-    reason: str
-    error: str
-    delivered: int
-    data: bytes
-    envelope: events.Envelope | None
-
-
-@dataclass(frozen=True)
-class ReplayedEvent:
-    sequence: int
-    published_at: datetime
-    subject: str
-    envelope: events.Envelope
 
 
 def _stream_config(spec: StreamSpec) -> api.StreamConfig:
@@ -225,15 +169,40 @@ class Bus:
             )
         return self._buckets[spec.name]
 
-    def _headers(self, event: events.Envelope) -> dict[str, str]:
-        return {"Nats-Msg-Id": event.id, KEY_HEADER: event.key, TYPE_HEADER: event.type}
+    @property
+    def connected(self) -> bool:
+        return bool(self.nc.is_connected)
+
+    def consumer(
+        self,
+        spec: ConsumerSpec,
+        dispatch: Dispatch,
+        *,
+        instance: str,
+        concurrency: int = 64,
+        on_dead_letter: DeadLetterHook | None = None,
+    ) -> Consumer:
+        """A consumer of `spec`'s events on this bus (see `Consumer`)."""
+        return Consumer(
+            self,
+            spec,
+            dispatch,
+            instance=instance,
+            concurrency=concurrency,
+            on_dead_letter=on_dead_letter,
+        )
+
+    def _prepare(self, event: events.Envelope) -> tuple[str, dict[str, str], bytes]:
+        subject = self.topology.event_subject(event.type, event.key)
+        event, headers = stamped(event)
+        return subject, headers, events.encode(event)
 
     async def publish(self, event: events.Envelope) -> api.PubAck:
         subject = self.topology.event_subject(event.type, event.key)
-        headers = self._headers(event)
-        with telemetry.publish_span(subject, headers, message_id=event.id, tracer=self.tracer):
+        with telemetry.publish_span(subject, {}, message_id=event.id, tracer=self.tracer):
+            subject, headers, body = self._prepare(event)
             try:
-                return await self.js.publish(subject, events.encode(event), headers=headers)
+                return await self.js.publish(subject, body, headers=headers)
             except (nats.errors.Error, OSError) as exc:
                 raise Unavailable(f"publish to {subject} failed: {exc}") from exc
 
@@ -243,13 +212,9 @@ class Bus:
         try:
             for event in batch:
                 subject = self.topology.event_subject(event.type, event.key)
-                headers = self._headers(event)
-                with telemetry.publish_span(
-                    subject, headers, message_id=event.id, tracer=self.tracer
-                ):
-                    futures.append(
-                        await self.js.publish_async(subject, events.encode(event), headers=headers)
-                    )
+                with telemetry.publish_span(subject, {}, message_id=event.id, tracer=self.tracer):
+                    subject, headers, body = self._prepare(event)
+                    futures.append(await self.js.publish_async(subject, body, headers=headers))
             acks = await asyncio.gather(*futures)
         except (nats.errors.Error, OSError) as exc:
             raise Unavailable(f"batch publish failed: {exc}") from exc
@@ -400,24 +365,19 @@ class Consumer:
         self,
         bus: Bus,
         spec: ConsumerSpec,
-        handlers: Mapping[str, Handler],
+        dispatch: Dispatch,
         *,
         instance: str,
         concurrency: int = 64,
         batch: int = 64,
         on_dead_letter: DeadLetterHook | None = None,
-        metrics: EventMetrics | None = None,
     ) -> None:
-        missing = set(spec.event_types) - set(handlers)
-        if missing:
-            raise ValueError(f"{spec.service}: no handler for {sorted(missing)}")
         self.bus = bus
         self.spec = spec
-        self.handlers = dict(handlers)
+        self.dispatch = dispatch
         self.instance = instance
         self.batch = batch
         self.on_dead_letter = on_dead_letter
-        self.metrics = metrics
         self.queue: KeyedQueue[_Delivery] = KeyedQueue(
             self._process,
             concurrency=concurrency,
@@ -558,28 +518,21 @@ class Consumer:
         meta = msg.metadata
         envelope: events.Envelope | None = None
         error: BaseException | None = None
-        headers = msg.headers or {}
-        with telemetry.process_span(
-            msg.subject,
-            headers,
-            message_id=headers.get("Nats-Msg-Id"),
-            consumer_group=self.spec.service,
-            tracer=self.bus.tracer,
-        ) as span:
-            try:
-                envelope = events.decode(msg.data)
-                if self.metrics is None:
-                    await self.handlers[envelope.type](envelope)
-                else:
-                    with self.metrics.observe(envelope.type):
-                        await self.handlers[envelope.type](envelope)
-            except Exception as exc:
-                error = exc
-                span.record_exception(exc)
-                span.set_status(Status(StatusCode.ERROR, str(exc)))
-            outcome = disposition(
-                error, delivered=meta.num_delivered, max_deliver=self.spec.max_deliver
+        try:
+            envelope = events.decode(msg.data)
+            await self.dispatch(
+                Received.of(
+                    envelope,
+                    subject=msg.subject,
+                    headers=msg.headers or {},
+                    delivered=meta.num_delivered,
+                )
             )
+        except Exception as exc:
+            error = exc
+        outcome = disposition(
+            error, delivered=meta.num_delivered, max_deliver=self.spec.max_deliver
+        )
         try:
             return await self._settle(msg, outcome, envelope, error)
         except (nats.errors.Error, OSError) as exc:
@@ -615,6 +568,7 @@ class Consumer:
                 delivered=msg.metadata.num_delivered,
                 data=msg.data,
                 envelope=envelope,
+                user_reason=user_reason(error, outcome.reason),
             )
             try:
                 await self.on_dead_letter(letter)

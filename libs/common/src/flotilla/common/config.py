@@ -39,6 +39,11 @@ class Settings(BaseSettings):
     partitions: int = Field(default=16, ge=1, le=1024)
     stream_prefix: str = Field(default="flotilla", pattern=r"^[a-z][a-z0-9_-]*$")
     max_concurrency: int = Field(default=64, ge=1)
+    handler_deadline: float = Field(
+        default=60.0,
+        gt=0,
+        description="seconds one event's handler may run before it is cancelled and retried",
+    )
     hub_kubeconfig: Path | None = None
     health_host: str = "0.0.0.0"
     health_port: int = Field(default=8080, ge=0, le=65535)

@@ -3,9 +3,14 @@
 A service's ``__main__`` is one line, ``service.main("scheduler", setup)``: this
 module loads and validates the settings, sets up JSON logs and tracing, connects
 the bus, serves ``/healthz`` ``/readyz`` ``/metrics``, and hands a `Runtime` to the
-service's ``setup``, which registers its consumers and long-running loops. Then it
-waits for SIGTERM/SIGINT and shuts everything down in order: loops, consumers
-(draining in-flight work and handing back the rest), bus, health endpoint.
+service's ``setup``, which declares its handlers (`Runtime.serve` with a
+`flotilla.common.router.Router`) and long-running loops. Then it waits for
+SIGTERM/SIGINT and shuts everything down in order: loops, consumers (draining
+in-flight work and handing back the rest), close hooks, bus, health endpoint.
+
+Production and tests compose a service the same way, through `started`: tests
+pass their own settings (and, for handler tests, an in-memory bus) and get the
+running `Runtime` back; `main` is `started` plus waiting for a signal.
 
 Long-running work runs through `Runtime.spawn`, the one guarded helper: a crash is
 logged and the loop restarted with backoff, so one failing watch never takes the
@@ -19,16 +24,19 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from prometheus_client import CollectorRegistry
 
-from flotilla.common import config, logs, telemetry
-from flotilla.common.bus import Bus, Consumer, DeadLetterHook, Handler
+from flotilla.common import config, logs, middleware, telemetry
+from flotilla.common.bus import Bus
 from flotilla.common.config import Settings
+from flotilla.common.dispatch import EventBus, EventConsumer
 from flotilla.common.errors import ConfigError, FlotillaError
 from flotilla.common.health import EventMetrics, HealthServer
-from flotilla.common.topology import ConsumerSpec, Topology
+from flotilla.common.middleware import DeadLetterReport, Reporter, StaleDrop
+from flotilla.common.router import Router
+from flotilla.common.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +72,7 @@ class Runtime:
     def __init__(
         self,
         settings: Settings,
-        bus: Bus,
+        bus: EventBus,
         health: HealthServer,
         registry: CollectorRegistry,
     ) -> None:
@@ -73,7 +81,7 @@ class Runtime:
         self.health = health
         self.registry = registry
         self.metrics = EventMetrics(registry)
-        self.consumers: list[Consumer] = []
+        self.consumers: list[EventConsumer] = []
         self._consumer_tasks: list[asyncio.Task[None]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._closers: list[Callable[[], Awaitable[object]]] = []
@@ -82,56 +90,72 @@ class Runtime:
     @classmethod
     @contextlib.asynccontextmanager
     async def open(
-        cls, settings: Settings, *, topology: Topology | None = None
+        cls,
+        settings: Settings,
+        *,
+        topology: Topology | None = None,
+        bus: EventBus | None = None,
     ) -> AsyncIterator[Runtime]:
-        topology = topology or Topology(
-            prefix=settings.stream_prefix, partitions=settings.partitions
-        )
-        password = settings.nats_password.get_secret_value() if settings.nats_password else None
-        bus = await Bus.connect(
-            settings.nats_url,
-            topology=topology,
-            producer=f"{settings.service}/{settings.instance}",
-            credentials=str(settings.nats_creds) if settings.nats_creds else None,
-            user=settings.nats_user,
-            password=password,
-        )
+        """A runtime on `settings`; on `bus` when given (the caller keeps owning it),
+        else on a new JetStream connection that this runtime closes."""
+        owned: EventBus | None = None
+        if bus is None:
+            topology = topology or Topology(
+                prefix=settings.stream_prefix, partitions=settings.partitions
+            )
+            password = settings.nats_password.get_secret_value() if settings.nats_password else None
+            bus = owned = await Bus.connect(
+                settings.nats_url,
+                topology=topology,
+                producer=f"{settings.service}/{settings.instance}",
+                credentials=str(settings.nats_creds) if settings.nats_creds else None,
+                user=settings.nats_user,
+                password=password,
+            )
         registry = CollectorRegistry()
         health = HealthServer(settings.health_host, settings.health_port, registry)
         runtime = cls(settings, bus, health, registry)
-        health.add_readiness_check("nats", runtime._nats_ready)
+        health.add_readiness_check("nats", runtime._bus_ready)
         try:
             await health.start()
             yield runtime
         finally:
             await runtime._shutdown()
-            await bus.close()
+            if owned is not None:
+                await owned.close()
             await health.stop()
 
-    async def _nats_ready(self) -> bool | str:
-        return True if self.bus.nc.is_connected else "not connected to NATS"
+    async def _bus_ready(self) -> bool | str:
+        return True if self.bus.connected else "not connected to NATS"
 
-    def consume(
+    def serve(
         self,
-        spec: ConsumerSpec,
-        handlers: Mapping[str, Handler],
+        router: Router,
         *,
-        on_dead_letter: DeadLetterHook | None = None,
-    ) -> Consumer:
-        """Start consuming `spec`'s events with `handlers` (one per event type)."""
-        consumer = Consumer(
-            self.bus,
-            spec,
-            handlers,
+        reporter: Reporter | None = None,
+        stale: StaleDrop | None = None,
+    ) -> EventConsumer:
+        """Consume `router`'s events, each handler inside the standard middleware
+        chain; dead letters are reported as Warning Events through `reporter`."""
+        dispatch = router.dispatch(
+            middleware.standard(
+                router.service,
+                recorder=self.metrics,
+                handler_deadline=self.settings.handler_deadline,
+                stale=stale,
+            )
+        )
+        consumer = self.bus.consumer(
+            router.spec,
+            dispatch,
             instance=self.settings.instance,
             concurrency=self.settings.max_concurrency,
-            on_dead_letter=on_dead_letter,
-            metrics=self.metrics,
+            on_dead_letter=DeadLetterReport(reporter, router.service) if reporter else None,
         )
         self.consumers.append(consumer)
         self._consumer_tasks.append(
             asyncio.create_task(
-                guarded(f"consume-{spec.service}", consumer.run, finished=self._stopped.is_set)
+                guarded(f"consume-{router.service}", consumer.run, finished=self._stopped.is_set)
             )
         )
         return consumer
@@ -176,9 +200,24 @@ class Runtime:
                 log.exception("closing %r failed", closer)
 
 
+Setup = Callable[[Runtime], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def started(
+    settings: Settings, setup: Setup, *, bus: EventBus | None = None
+) -> AsyncIterator[Runtime]:
+    """The one composition of a service, for production (`main`) and tests alike:
+    a runtime with `setup`'s handlers and loops running, shut down on exit."""
+    async with Runtime.open(settings, bus=bus) as runtime:
+        await setup(runtime)
+        log.info("%s started", settings.service, extra={"instance": settings.instance})
+        yield runtime
+
+
 def main(
     name: str,
-    setup: Callable[[Runtime], Awaitable[None]],
+    setup: Setup,
     settings_type: type[Settings] = Settings,
 ) -> None:
     """The whole of a service's ``__main__``."""
@@ -191,9 +230,7 @@ def main(
     telemetry.setup(name)
 
     async def run() -> None:
-        async with Runtime.open(settings) as runtime:
-            await setup(runtime)
-            log.info("%s started", name, extra={"instance": settings.instance})
+        async with started(settings, setup) as runtime:
             await runtime.wait()
             log.info("%s stopping", name)
 

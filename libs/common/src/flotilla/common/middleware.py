@@ -1,0 +1,218 @@
+"""The middleware chain every service's handlers run in, one small unit each.
+
+`standard` builds the chain in its fixed order, outermost first::
+
+    tracing → metrics → stale-event drop → deadline → the handler
+
+* `tracing` — a CONSUMER span that continues the W3C trace the event carries
+  (NATS headers, else the envelope's ``traceparent``), so whatever the handler
+  publishes joins the same trace: one trace per hub change.
+* `metrics` — handled/failed counters and a duration histogram per event type.
+* `StaleDrop` — an event older (same object uid, lower hub revision) than one
+  this replica already handled for the same key and type is acknowledged and
+  dropped, not applied (level-triggered handlers converge anyway; this keeps a
+  late event from undoing newer work).
+* `deadline` — a handler that runs longer than its deadline is cancelled and its
+  message retried later with exponential backoff, so a hung hub connection can
+  never hold a key forever.
+
+Dead letters are reported to users in one place too: `DeadLetterReport` is the
+dead-letter hook that writes a Warning Event on the hub object an unusable event
+was about, with the reason the handler gave (``InvalidPolicy``, ``InvalidObject``,
+``RetriesExhausted`` …). A failure to report is logged and never stops anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from typing import Any, Protocol
+
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
+from flotilla.common import events, telemetry
+from flotilla.common.dispatch import DeadLetter, Received
+from flotilla.common.errors import TemporaryError
+from flotilla.common.health import EventMetrics
+from flotilla.common.router import Middleware, Next
+
+log = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+
+DEFAULT_DEADLINE = 60.0
+MAX_BACKOFF = 60.0
+STALE_REMEMBERED = 100_000
+
+
+def tracing(service: str, tracer: trace.Tracer | None = None) -> Middleware:
+    async def layer(received: Received[Any], following: Next) -> None:
+        headers = dict(received.headers)
+        if received.envelope.traceparent and not any(
+            name.lower() == "traceparent" for name in headers
+        ):
+            headers["traceparent"] = received.envelope.traceparent
+        with telemetry.process_span(
+            received.subject or received.type,
+            headers,
+            message_id=received.envelope.id,
+            consumer_group=service,
+            tracer=tracer,
+        ) as span:
+            try:
+                await following(received)
+            except Exception as exc:
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+                raise
+
+    return layer
+
+
+def metrics(recorder: EventMetrics) -> Middleware:
+    async def layer(received: Received[Any], following: Next) -> None:
+        with recorder.observe(received.type):
+            await following(received)
+
+    return layer
+
+
+def backoff(delivered: int, *, base: float = 1.0, ceiling: float = MAX_BACKOFF) -> float:
+    """Seconds before the next attempt after `delivered` deliveries: 1, 2, 4 … ≤ ceiling."""
+    return min(base * 2.0 ** max(delivered - 1, 0), ceiling)
+
+
+def deadline(seconds: float) -> Middleware:
+    if seconds <= 0:
+        raise ValueError("a handler deadline must be positive")
+
+    async def layer(received: Received[Any], following: Next) -> None:
+        timer = asyncio.timeout(seconds)
+        try:
+            async with timer:
+                await following(received)
+        except TimeoutError as exc:
+            if not timer.expired():
+                raise  # the handler's own timeout, not ours
+            raise TemporaryError(
+                f"handling {received.type} for {received.key} exceeded its {seconds:g}s deadline",
+                delay=backoff(received.delivered),
+            ) from exc
+
+    return layer
+
+
+class StaleDrop:
+    """Drops events older than what this replica already handled for their key."""
+
+    def __init__(self, remember: int = STALE_REMEMBERED) -> None:
+        self._remember = remember
+        self._handled: OrderedDict[tuple[str, str], tuple[str, int]] = OrderedDict()
+        self.dropped = 0
+
+    def is_stale(self, envelope: events.Envelope) -> bool:
+        if envelope.revision <= 0:
+            return False  # no hub revision to compare (commands, cluster-agent reports)
+        seen = self._handled.get((envelope.type, envelope.key))
+        return seen is not None and seen[0] == envelope.uid and envelope.revision < seen[1]
+
+    def handled(self, envelope: events.Envelope) -> None:
+        if envelope.revision <= 0:
+            return
+        slot = (envelope.type, envelope.key)
+        seen = self._handled.get(slot)
+        revision = envelope.revision
+        if seen is not None and seen[0] == envelope.uid:
+            revision = max(revision, seen[1])
+        self._handled[slot] = (envelope.uid, revision)
+        self._handled.move_to_end(slot)
+        while len(self._handled) > self._remember:
+            self._handled.popitem(last=False)
+
+    def forget(self, key: str) -> None:
+        for slot in [s for s in self._handled if s[1] == key]:
+            del self._handled[slot]
+
+    async def __call__(self, received: Received[Any], following: Next) -> None:
+        if self.is_stale(received.envelope):
+            self.dropped += 1
+            log.info(
+                "dropping stale %s for %s (revision %d)",
+                received.type,
+                received.key,
+                received.envelope.revision,
+            )
+            return
+        await following(received)
+        self.handled(received.envelope)
+
+
+def standard(
+    service: str,
+    *,
+    recorder: EventMetrics | None = None,
+    handler_deadline: float = DEFAULT_DEADLINE,
+    stale: StaleDrop | None = None,
+    tracer: trace.Tracer | None = None,
+) -> list[Middleware]:
+    """The chain every service runs its handlers in (see the module docstring)."""
+    chain: list[Middleware] = [tracing(service, tracer)]
+    if recorder is not None:
+        chain.append(metrics(recorder))
+    chain.append(stale if stale is not None else StaleDrop())
+    chain.append(deadline(handler_deadline))
+    return chain
+
+
+class Reporter(Protocol):
+    """Where users hear about what they must fix: Kubernetes Events on hub objects in
+    production (`flotilla.common.kube.EventRecorder`), a list in tests."""
+
+    async def warning(self, obj: JsonObject, reason: str, message: str) -> None: ...
+
+
+CLUSTER_API_VERSION = "flotilla.io/v1alpha1"
+
+
+def involved_object(envelope: events.Envelope) -> JsonObject | None:
+    """The hub object an event is about, as much of it as the event carries."""
+    payload = envelope.payload
+    carried = getattr(payload, "object", None)
+    if isinstance(carried, dict) and isinstance(carried.get("metadata"), dict):
+        return carried
+    ref = getattr(payload, "ref", None)
+    if isinstance(ref, events.ObjectRef):
+        metadata: JsonObject = {"name": ref.name}
+        if ref.namespace:
+            metadata["namespace"] = ref.namespace
+        if envelope.uid:
+            metadata["uid"] = envelope.uid
+        return {"apiVersion": ref.api_version, "kind": ref.kind, "metadata": metadata}
+    cluster = getattr(payload, "cluster", None)
+    if isinstance(cluster, str) and cluster:
+        return {"apiVersion": CLUSTER_API_VERSION, "kind": "Cluster", "metadata": {"name": cluster}}
+    return None
+
+
+class DeadLetterReport:
+    """The dead-letter hook: a Warning Event on the object the dead event was about."""
+
+    def __init__(self, reporter: Reporter, service: str) -> None:
+        self.reporter = reporter
+        self.service = service
+
+    async def __call__(self, letter: DeadLetter) -> None:
+        if letter.envelope is None:
+            return  # undecodable bytes: nothing names an object to report on
+        obj = involved_object(letter.envelope)
+        if obj is None:
+            return
+        message = f"the {self.service} set aside a {letter.envelope.type} event: {letter.error}"
+        try:
+            await self.reporter.warning(obj, letter.user_reason or letter.reason, message)
+        except Exception:
+            log.warning(
+                "could not report the dead letter of %s", letter.envelope.key, exc_info=True
+            )
