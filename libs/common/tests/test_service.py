@@ -74,7 +74,8 @@ async def test_the_composition_serves_handlers_health_and_shuts_down(
         runtime.on_close(close_client)
         runtime.on_close(close_cache)
 
-    async with service.started(settings_for(nats_server, f"rt{unique}"), setup) as runtime:
+    async with service.started(settings_for(nats_server, f"rt{unique}"), setup) as started:
+        runtime = started.runtime
         payload = events.ClusterObserved(cluster="us-east", object={"kind": "Cluster"})
         await runtime.bus.publish(events.envelope(payload, key="Cluster/us-east", producer="t"))
         await asyncio.wait_for(seen.wait(), 20)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import tempfile
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -18,9 +20,9 @@ from nats.aio.msg import Msg
 
 from flotilla.common import events, kube
 from flotilla.common.api import DEPENDENCIES_ANNOTATION, STRATEGY_ANNOTATION, GroupVersionKind
-from flotilla.common.bus import Bus
+from flotilla.common.dispatch import EventBus
 from flotilla.common.infra import NatsServer
-from flotilla.common.service import Runtime
+from flotilla.common.service import started
 from flotilla.common.testing import CRD_DIR, eventually, schemaless_crd, service_settings
 from flotilla.depdetector import service
 from flotilla.kubesim.server import KubeSim
@@ -36,11 +38,11 @@ FLINK_CRD = schemaless_crd("flink.apache.org", "FlinkDeployment", "v1beta1")
 class Setup:
     """The hub, its clients, the detector's runtime and what it published."""
 
-    def __init__(self, hub: KubeSim, api: Any, dyn: DynamicClient, bus: Bus) -> None:
+    def __init__(self, hub: KubeSim, api: Any, dyn: DynamicClient) -> None:
         self.hub = hub
         self.api = api
         self.dyn = dyn
-        self.bus = bus
+        self.bus: EventBus
         self.analyzed: list[events.Envelope] = []
         self.detector: service.Detector
 
@@ -119,26 +121,37 @@ async def detector(
     refresh_interval: float = 60.0,
 ) -> AsyncIterator[Setup]:
     hub: KubeSim = await kubesim_factory("hub", hub=True)
-    settings = service_settings("depdetector", nats_server, f"dd{unique}", instance="d-1")
+    settings = service_settings(
+        "depdetector",
+        nats_server,
+        f"dd{unique}",
+        service.DetectorSettings,
+        instance="d-1",
+        interpreter_refresh=refresh_interval,
+    )
     api = await config.new_client_from_config_dict(hub.kubeconfig())
     async with api, DynamicClient(api) as dyn:
         await kube.install_crds(api, CRD_DIR.glob("*.yaml"))
         await k8s.ApiextensionsV1Api(api).create_custom_resource_definition(FLINK_CRD)
         namespace: Any = {"metadata": {"name": NS}}
         await k8s.CoreV1Api(api).create_namespace(namespace)
-        async with Runtime.open(settings) as rt:
-            setup = Setup(hub, api, dyn, rt.bus)
-            for obj in before:
+        with tempfile.TemporaryDirectory() as state:
+            kubeconfig = Path(state) / "hub.kubeconfig"
+            hub.write_kubeconfig(kubeconfig)
+            settings = settings.model_copy(update={"hub_kubeconfig": kubeconfig})
+            setup = Setup(hub, api, dyn)
+            for obj in before:  # before the detector starts: what it finds at start
                 await setup.create(obj)
-            nc = await nats.connect(nats_server.url)
-            try:
-                await nc.subscribe(f"dd{unique}.events.ResourceAnalyzed.*", cb=setup.on_message)
-                await nc.flush()
-                async with service.running(rt, api, refresh_interval=refresh_interval) as running:
-                    setup.detector = running
+            async with started(settings, service.setup) as running:
+                setup.bus = running.runtime.bus
+                nc = await nats.connect(nats_server.url)
+                try:
+                    await nc.subscribe(f"dd{unique}.events.ResourceAnalyzed.*", cb=setup.on_message)
+                    await nc.flush()
+                    setup.detector = running.app
                     yield setup
-            finally:
-                await nc.close()
+                finally:
+                    await nc.close()
 
 
 def web(**annotations: str) -> dict[str, Any]:

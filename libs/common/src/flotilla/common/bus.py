@@ -568,7 +568,7 @@ class Consumer:
                 delivered=msg.metadata.num_delivered,
                 data=msg.data,
                 envelope=envelope,
-                user_reason=user_reason(error, outcome.reason),
+                user_reason=user_reason(error),
             )
             try:
                 await self.on_dead_letter(letter)

@@ -138,11 +138,10 @@ def stamped(event: events.Envelope) -> tuple[events.Envelope, dict[str, str]]:
     return event, headers
 
 
-def user_reason(error: BaseException | None, reason: str) -> str:
-    """The Event reason a dead letter is reported under."""
-    if isinstance(error, InvalidObject):
-        return error.reason
-    return reason
+def user_reason(error: BaseException | None) -> str:
+    """The Event reason of an input the user must fix (an `InvalidObject`'s own), or
+    "" when the dead letter is not the user's to fix."""
+    return error.reason if isinstance(error, InvalidObject) else ""
 
 
 @dataclass(frozen=True)

@@ -309,7 +309,7 @@ class MemoryBus:
             delivered=delivery.delivered,
             data=delivery.stored.data,
             envelope=envelope,
-            user_reason=user_reason(error, outcome.reason),
+            user_reason=user_reason(error),
         )
         self._dead.append(letter)
         return letter

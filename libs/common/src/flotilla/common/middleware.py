@@ -18,8 +18,9 @@
 
 Dead letters are reported to users in one place too: `DeadLetterReport` is the
 dead-letter hook that writes a Warning Event on the hub object an unusable event
-was about, with the reason the handler gave (``InvalidPolicy``, ``InvalidObject``,
-``RetriesExhausted`` …). A failure to report is logged and never stops anything.
+was about, with the reason and message the handler gave for input the user must fix
+(``InvalidPolicy``, ``InvalidObject`` …), else the bus's own reason
+(``RetriesExhausted``, ``InvalidEvent``). A failure to report is logged and never stops anything.
 """
 
 from __future__ import annotations
@@ -209,9 +210,13 @@ class DeadLetterReport:
         obj = involved_object(letter.envelope)
         if obj is None:
             return
-        message = f"the {self.service} set aside a {letter.envelope.type} event: {letter.error}"
+        if letter.user_reason:  # the handler said what the user must fix
+            reason, message = letter.user_reason, letter.error
+        else:
+            reason = letter.reason
+            message = f"the {self.service} set aside a {letter.envelope.type} event: {letter.error}"
         try:
-            await self.reporter.warning(obj, letter.user_reason or letter.reason, message)
+            await self.reporter.warning(obj, reason, message)
         except Exception:
             log.warning(
                 "could not report the dead letter of %s", letter.envelope.key, exc_info=True

@@ -25,12 +25,14 @@ import logging
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry
 
 from flotilla.common import config, logs, middleware, telemetry
 from flotilla.common.bus import Bus
-from flotilla.common.config import Settings
+from flotilla.common.config import Settings, SettingsT
 from flotilla.common.dispatch import EventBus, EventConsumer
 from flotilla.common.errors import ConfigError, FlotillaError
 from flotilla.common.health import EventMetrics, HealthServer
@@ -160,6 +162,13 @@ class Runtime:
         )
         return consumer
 
+    def settings_as(self, settings_type: type[SettingsT]) -> SettingsT:
+        """The settings as a service's own settings type (`main` already builds that
+        type; a test may pass plain `Settings`, completed here with the defaults)."""
+        if isinstance(self.settings, settings_type):
+            return self.settings
+        return settings_type.model_validate(self.settings.model_dump())
+
     def spawn(self, name: str, factory: Callable[[], Awaitable[None]]) -> None:
         """Run a long-running loop (a watch, a ticker) under `guarded`."""
         self._tasks.append(asyncio.create_task(guarded(name, factory), name=name))
@@ -200,24 +209,33 @@ class Runtime:
                 log.exception("closing %r failed", closer)
 
 
-Setup = Callable[[Runtime], Awaitable[None]]
+App = TypeVar("App")
+Setup = Callable[[Runtime], Awaitable[App]]
+"""Composes one service on a runtime: declares its handlers and loops and returns
+the service object (what tests look into; production ignores it)."""
+
+
+@dataclass(frozen=True)
+class Started(Generic[App]):
+    runtime: Runtime
+    app: App
 
 
 @contextlib.asynccontextmanager
 async def started(
-    settings: Settings, setup: Setup, *, bus: EventBus | None = None
-) -> AsyncIterator[Runtime]:
+    settings: Settings, setup: Setup[App], *, bus: EventBus | None = None
+) -> AsyncIterator[Started[App]]:
     """The one composition of a service, for production (`main`) and tests alike:
     a runtime with `setup`'s handlers and loops running, shut down on exit."""
     async with Runtime.open(settings, bus=bus) as runtime:
-        await setup(runtime)
+        app = await setup(runtime)
         log.info("%s started", settings.service, extra={"instance": settings.instance})
-        yield runtime
+        yield Started(runtime, app)
 
 
 def main(
     name: str,
-    setup: Setup,
+    setup: Setup[Any],
     settings_type: type[Settings] = Settings,
 ) -> None:
     """The whole of a service's ``__main__``."""
@@ -230,8 +248,8 @@ def main(
     telemetry.setup(name)
 
     async def run() -> None:
-        async with started(settings, setup) as runtime:
-            await runtime.wait()
+        async with started(settings, setup) as service:
+            await service.runtime.wait()
             log.info("%s stopping", name)
 
     try:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from flotilla.common.config import Settings
+from flotilla.common.config import Settings, SettingsT
 from flotilla.common.infra import NatsServer, RedisServer
 
 
@@ -78,9 +78,16 @@ def schemaless_crd(group: str, kind: str, version: str = "v1") -> dict[str, Any]
     }
 
 
-def service_settings(service: str, nats: NatsServer, prefix: str, **overrides: Any) -> Settings:
-    """Settings for a service under test: the given NATS, its own stream prefix,
-    two partitions and a health endpoint on a free loopback port."""
+def service_settings(
+    service: str,
+    nats: NatsServer,
+    prefix: str,
+    settings_type: type[SettingsT] = Settings,  # type: ignore[assignment]
+    **overrides: Any,
+) -> SettingsT:
+    """Settings (of the service's own `settings_type`) for a service under test: the
+    given NATS, its own stream prefix, two partitions and a health endpoint on a
+    free loopback port."""
     values: dict[str, Any] = {
         "service": service,
         "instance": f"{service}-1",
@@ -91,7 +98,7 @@ def service_settings(service: str, nats: NatsServer, prefix: str, **overrides: A
         "health_port": 0,
     }
     values.update(overrides)
-    return Settings(**values)
+    return settings_type(**values)
 
 
 async def eventually(

@@ -1,11 +1,11 @@
 """``python -m flotilla.depdetector``: the dependency detector service process."""
 
 from flotilla.common import service
-from flotilla.depdetector.service import setup
+from flotilla.depdetector.service import DetectorSettings, setup
 
 
 def main() -> None:
-    service.main("depdetector", setup)
+    service.main("depdetector", setup, DetectorSettings)
 
 
 if __name__ == "__main__":

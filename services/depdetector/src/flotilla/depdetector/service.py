@@ -24,9 +24,10 @@ Decisions where the brief is silent:
   listed in one ``DependencyMissing`` Warning Event per object and analysis goes
   on: the dependency may be created later, and the transformer syncs what exists.
 * **Invalid input** (a bad strategy annotation, an unparseable dependencies
-  annotation, an invalid ResourceInterpreter) is a Warning Event saying what to
-  fix and `InvalidObject`, so the bus dead-letters that one message while other
-  objects keep flowing. A fixed object is a new observation and flows again.
+  annotation, an invalid ResourceInterpreter) raises `InvalidObject` saying what
+  to fix: the kit dead-letters that one message and writes the Warning Event on
+  the object, while other objects keep flowing. A fixed object is a new
+  observation and flows again.
 * **Interpreters**: every replica lists the hub's ResourceInterpreters at start,
   applies the `ConfigChanged` events it consumes at once, and re-lists every
   `INTERPRETER_REFRESH` seconds, because a `ConfigChanged` reaches only the
@@ -36,7 +37,7 @@ Decisions where the brief is silent:
   interpreter change re-analyses what it governs without racing the registry.
 * **Stale events**: an observation with a lower revision than one already
   analysed for the same object (same uid) on this replica is acknowledged and
-  dropped (ARCHITECTURE.md principle 1).
+  dropped by the kit's stale-event middleware.
 """
 
 from __future__ import annotations
@@ -46,14 +47,13 @@ import contextlib
 import functools
 import json
 import logging
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
-from typing import Any, NoReturn
+from collections.abc import Mapping
+from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.dynamic import DynamicClient
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from flotilla.common import events, kube
 from flotilla.common.api import (
@@ -69,11 +69,12 @@ from flotilla.common.api import (
     parse_as,
     parse_strategy,
 )
-from flotilla.common.bus import Bus, Handler
+from flotilla.common.config import Settings
+from flotilla.common.dispatch import EventBus, Received
 from flotilla.common.errors import FlotillaError, InvalidObject, Unavailable
 from flotilla.common.events import Envelope, ObjectRef
+from flotilla.common.router import Router
 from flotilla.common.service import Runtime
-from flotilla.common.topology import ConsumerSpec
 from flotilla.depdetector import detection
 from flotilla.depdetector.interpreters import (
     DuplicateInterpreterError,
@@ -89,14 +90,12 @@ log = logging.getLogger(__name__)
 JsonObject = dict[str, Any]
 
 COMPONENT = "flotilla-depdetector"
-CONSUMER = ConsumerSpec(service="depdetector", event_types=("ResourceObserved", "ConfigChanged"))
+SERVICE = "depdetector"
 WRITE_ATTEMPTS = 5
 MERGE_PATCH = "application/merge-patch+json"
 INTERPRETER_KIND = "ResourceInterpreter"
 INTERPRETER_REFRESH = 30.0
 """Seconds between reloads of the hub's ResourceInterpreters (see `refresh_interpreters`)."""
-REVISIONS_REMEMBERED = 100_000
-"""Keys whose last analysed revision is kept for dropping stale events (LRU)."""
 
 
 def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -158,18 +157,19 @@ def analysis(
 class Detector:
     """The handlers, with the registry and the hub connection they share."""
 
-    def __init__(self, bus: Bus, api: ApiClient, dyn: DynamicClient) -> None:
+    def __init__(self, bus: EventBus, api: ApiClient, dyn: DynamicClient) -> None:
         self.bus = bus
         self.api = api
         self.dyn = dyn
         self.registry = Registry.with_builtins()
         self.recorder = kube.EventRecorder(api, COMPONENT)
         self._interpreter_types: dict[str, GroupVersionKind] = {}
-        self._revisions: OrderedDict[str, tuple[str, int]] = OrderedDict()
 
-    @property
-    def handlers(self) -> dict[str, Handler]:
-        return {"ResourceObserved": self.on_resource_observed, "ConfigChanged": self.on_changed}
+    def router(self) -> Router:
+        router = Router(SERVICE)
+        router.on(events.ResourceObserved)(self.on_resource_observed)
+        router.on(events.ConfigChanged)(self.on_changed)
+        return router
 
     # -- interpreters ----------------------------------------------------------------
 
@@ -212,9 +212,8 @@ class Detector:
             except FlotillaError as exc:
                 log.warning("could not refresh interpreters: %s", exc)
 
-    async def on_changed(self, envelope: Envelope) -> None:
-        payload = envelope.payload
-        assert isinstance(payload, events.ConfigChanged)
+    async def on_changed(self, event: Received[events.ConfigChanged]) -> None:
+        payload = event.payload
         if payload.ref.api_version != API_VERSION or payload.ref.kind != INTERPRETER_KIND:
             return
         previous = self._interpreter_types.pop(payload.ref.name, None)
@@ -227,19 +226,15 @@ class Detector:
         try:
             interpreter = self.registry.register(parse_as(ResourceInterpreter, obj))
         except (InvalidObjectError, InvalidInterpreterError, DuplicateInterpreterError) as exc:
-            await self._reject(obj, "InvalidInterpreter", str(exc))
+            raise InvalidObject(str(exc), reason="InvalidInterpreter") from exc
         name = str(_metadata(obj).get("name"))
         self._interpreter_types[name] = interpreter.gvk
         log.info("interpreter %s registered for %s", name, interpreter.gvk)
 
     # -- resources -------------------------------------------------------------------
 
-    async def on_resource_observed(self, envelope: Envelope) -> None:
-        observed = envelope.payload
-        assert isinstance(observed, events.ResourceObserved)
-        if self._is_stale(envelope):
-            log.info("dropping stale observation of %s at %d", envelope.key, envelope.revision)
-            return
+    async def on_resource_observed(self, event: Received[events.ResourceObserved]) -> None:
+        envelope, observed = event.envelope, event.payload
         obj = observed.object
         interpreter = await self._interpreter(observed)
         if observed.deleted:
@@ -256,15 +251,14 @@ class Detector:
         try:
             interpretation = interpreter.interpret(obj)
         except InterpretationError as exc:
-            await self._reject(obj, "InvalidObject", str(exc))
+            raise InvalidObject(str(exc), reason="InvalidObject") from exc
         try:
             user_entries = detection.user_dependencies(obj)
         except ValueError as exc:
-            await self._reject(
-                obj,
-                "InvalidDependencies",
+            raise InvalidObject(
                 f'{exc}; write a JSON list of {{"apiVersion","kind","name","namespace"?}} objects',
-            )
+                reason="InvalidDependencies",
+            ) from exc
         merged = self._merge(obj, user_entries, interpreter)
         await self._write_annotation(observed.ref, obj, dump_dependencies(merged), interpreter)
         await self._report_missing(obj, merged)
@@ -277,17 +271,7 @@ class Detector:
         try:
             return _compiled(json.dumps(observed.interpreter, sort_keys=True))
         except (ValidationError, InvalidInterpreterError, KeyError) as exc:
-            await self._reject(observed.object, "InvalidInterpreter", str(exc))
-
-    def _is_stale(self, envelope: Envelope) -> bool:
-        seen = self._revisions.get(envelope.key)
-        if seen is not None and seen[0] == envelope.uid and envelope.revision < seen[1]:
-            return True
-        self._revisions[envelope.key] = (envelope.uid, envelope.revision)
-        self._revisions.move_to_end(envelope.key)
-        if len(self._revisions) > REVISIONS_REMEMBERED:
-            self._revisions.popitem(last=False)
-        return False
+            raise InvalidObject(str(exc), reason="InvalidInterpreter") from exc
 
     @staticmethod
     def _merge(
@@ -312,12 +296,6 @@ class Detector:
                 dedupe=(observed.id,),
             )
         )
-
-    async def _reject(self, obj: Mapping[str, Any], reason: str, message: str) -> NoReturn:
-        """Tell the user what to fix, then dead-letter the event."""
-        with contextlib.suppress(FlotillaError):
-            await self.recorder.warning(dict(obj), reason, message)
-        raise InvalidObject(message, reason=reason)
 
     # -- hub I/O ---------------------------------------------------------------------
 
@@ -411,29 +389,24 @@ def _describe(entry: DependencyEntry) -> str:
     return f"{entry.kind} {where}{entry.name} ({entry.api_version})"
 
 
-@contextlib.asynccontextmanager
-async def running(
-    rt: Runtime, api: ApiClient, *, refresh_interval: float = INTERPRETER_REFRESH
-) -> AsyncIterator[Detector]:
-    """The detector consuming on `rt` with the hub client `api` (kept open by the caller)."""
-    async with DynamicClient(api) as dyn:
-        detector = Detector(rt.bus, api, dyn)
-        await detector.load_interpreters()
-        rt.consume(CONSUMER, detector.handlers)
-        refresh = asyncio.create_task(detector.refresh_interpreters(refresh_interval))
-        try:
-            yield detector
-        finally:
-            refresh.cancel()
-            await asyncio.gather(refresh, return_exceptions=True)
+class DetectorSettings(Settings):
+    """The detector's own settings on top of the common ones."""
+
+    interpreter_refresh: float = Field(
+        default=INTERPRETER_REFRESH,
+        gt=0,
+        description="seconds between reloads of the hub's ResourceInterpreters",
+    )
 
 
-async def setup(rt: Runtime) -> None:
-    """`service.main` hook: consume with a hub client that lives as long as the service."""
-    api = await kube.client_from_kubeconfig(rt.settings.hub_kubeconfig)
+async def setup(rt: Runtime) -> Detector:
+    """Compose one replica: the hub client, the interpreters, the handlers."""
+    settings = rt.settings_as(DetectorSettings)
+    api = await kube.client_from_kubeconfig(settings.hub_kubeconfig)
+    rt.on_close(api.close)  # after the consumer has drained its in-flight handlers
     dyn = await DynamicClient(api)
     detector = Detector(rt.bus, api, dyn)
     await detector.load_interpreters()
-    rt.consume(CONSUMER, detector.handlers)
-    rt.spawn("interpreters", lambda: detector.refresh_interpreters(INTERPRETER_REFRESH))
-    rt.on_close(api.close)  # after the consumer has drained its in-flight handlers
+    rt.serve(detector.router(), reporter=detector.recorder)
+    rt.spawn("interpreters", lambda: detector.refresh_interpreters(settings.interpreter_refresh))
+    return detector
