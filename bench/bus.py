@@ -23,9 +23,11 @@ import nats
 from nats.js import api
 
 from flotilla.common import bus as busmod
-from flotilla.common import events
+from flotilla.common import events, middleware
+from flotilla.common.dispatch import Received
 from flotilla.common.infra import NatsServer
-from flotilla.common.topology import ConsumerSpec, Topology
+from flotilla.common.router import Router
+from flotilla.common.topology import Topology
 
 
 def make_events(count: int, keys: int) -> list[events.Envelope]:
@@ -43,7 +45,10 @@ async def bench_wrapper(url: str, batch: list[events.Envelope]) -> dict[str, flo
     done = asyncio.Event()
     handled = 0
 
-    async def handler(event: events.Envelope) -> None:
+    router = Router("bench")
+
+    @router.on(events.ResourceObserved)
+    async def handler(event: Received[events.ResourceObserved]) -> None:
         nonlocal handled
         handled += 1
         if handled == len(batch):
@@ -55,8 +60,8 @@ async def bench_wrapper(url: str, batch: list[events.Envelope]) -> dict[str, flo
     published = time.perf_counter()
     consumer = busmod.Consumer(
         bus,
-        ConsumerSpec(service="bench", event_types=("ResourceObserved",)),
-        {"ResourceObserved": handler},
+        router.spec,
+        router.dispatch(middleware.standard("bench")),  # the chain every service runs
         instance="bench",
         concurrency=64,
         batch=256,

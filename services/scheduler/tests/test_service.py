@@ -17,6 +17,7 @@ import pytest
 from flotilla.common import events
 from flotilla.common.bus import Bus
 from flotilla.common.capacity import FakeCapacityCache
+from flotilla.common.dispatch import Received
 from flotilla.common.errors import InvalidObject, Unavailable
 from flotilla.common.events import (
     CapacityChanged,
@@ -65,6 +66,7 @@ class Harness:
         self.revision = 0
         self.handled: set[str] = set()
         self.reporter = FakeReporter()
+        self.dispatch = scheduler.router().dispatch()
 
     def _next(self) -> int:
         self.revision += 1
@@ -103,7 +105,7 @@ class Harness:
         return envelope
 
     async def handle(self, envelope: Envelope) -> None:
-        await self.scheduler.handlers[envelope.type](envelope)
+        await self.dispatch(Received.of(envelope))
 
     async def published(self, event_type: str) -> list[Envelope]:
         return [e.envelope async for e in self.bus.replay(event_types=[event_type])]

@@ -15,7 +15,7 @@ from flotilla.common import events, kube
 from flotilla.common.api import Strategy
 from flotilla.common.events import ObjectRef, ResourceAnalyzed
 from flotilla.common.infra import NatsServer, RedisServer
-from flotilla.common.service import Runtime
+from flotilla.common.service import started
 from flotilla.scheduler.service import SchedulerSettings, setup
 
 pytestmark = pytest.mark.integration
@@ -52,9 +52,8 @@ async def test_unschedulable_object_gets_a_warning_event_on_the_hub(
     analyzed = ResourceAnalyzed(
         ref=ref, object=obj, strategy=Strategy.SPLIT, replicas=3, requests={"cpu": 500}
     )
-    async with Runtime.open(settings) as rt:
-        await setup(rt)
-        await rt.bus.publish(
+    async with started(settings, setup) as scheduler:
+        await scheduler.runtime.bus.publish(
             events.envelope(analyzed, key=ref.key, producer="test", uid="u-web", revision=1)
         )
         async with await kube.client_from_kubeconfig(kubeconfig) as api:

@@ -1,7 +1,7 @@
 """The scheduler service: the pure core (`flotilla.scheduler.core`) wired to the bus,
 the capacity cache and the durable placement records.
 
-Handlers (one `ConsumerSpec`, partitioned, so one key's events arrive in order):
+Handlers (one `Router`, partitioned, so one key's events arrive in order):
 
 * ``ResourceAnalyzed`` — decide the object (or, when deleted, remove it).
 * ``RescheduleRequested`` — decide the object again from its stored record.
@@ -55,27 +55,34 @@ import time
 from collections.abc import Awaitable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import Field
 
 from flotilla.common import api, capacity, events, kube
 from flotilla.common.api import PlacementState
-from flotilla.common.bus import Bus, Handler
+from flotilla.common.bus import Bus
 from flotilla.common.capacity import CapacityCache
 from flotilla.common.config import Settings
-from flotilla.common.errors import FlotillaError, InvalidObject, TemporaryError, Unavailable
+from flotilla.common.dispatch import Received
+from flotilla.common.errors import (
+    ConfigError,
+    FlotillaError,
+    InvalidObject,
+    TemporaryError,
+    Unavailable,
+)
 from flotilla.common.events import (
     CapacityChanged,
     ClusterObserved,
     ClusterPlacement,
-    Envelope,
     RescheduleRequested,
     ResourceAnalyzed,
 )
+from flotilla.common.middleware import Reporter
 from flotilla.common.rediscapacity import DEFAULT_PREFIX, RedisCapacityCache
+from flotilla.common.router import Router
 from flotilla.common.service import Runtime
-from flotilla.common.topology import ConsumerSpec
 from flotilla.scheduler import core, records, state
 from flotilla.scheduler.model import Decision, Fleet, SchedulingInput
 from flotilla.scheduler.records import ClusterRecord, Conflict, KeyValueStore, PlacementRecord
@@ -83,11 +90,6 @@ from flotilla.scheduler.records import ClusterRecord, Conflict, KeyValueStore, P
 log = logging.getLogger(__name__)
 
 SERVICE = "scheduler"
-
-CONSUMER = ConsumerSpec(
-    service=SERVICE,
-    event_types=("ResourceAnalyzed", "ClusterObserved", "CapacityChanged", "RescheduleRequested"),
-)
 
 CACHE_CONCURRENCY = 48
 """Capacity cache calls in flight at once per replica."""
@@ -133,13 +135,6 @@ class Cause:
 
 
 JsonObject = dict[str, Any]
-
-
-class Reporter(Protocol):
-    """Where users hear about objects that cannot be placed (Kubernetes Events on the
-    hub object in production: `flotilla.common.kube.EventRecorder`)."""
-
-    async def warning(self, obj: JsonObject, reason: str, message: str) -> None: ...
 
 
 UNSCHEDULABLE_REASON = "Unschedulable"
@@ -209,14 +204,13 @@ class Scheduler:
             reporter=reporter,
         )
 
-    @property
-    def handlers(self) -> dict[str, Handler]:
-        return {
-            "ResourceAnalyzed": self.on_resource_analyzed,
-            "RescheduleRequested": self.on_reschedule_requested,
-            "ClusterObserved": self.on_cluster_observed,
-            "CapacityChanged": self.on_capacity_changed,
-        }
+    def router(self) -> Router:
+        router = Router(SERVICE)
+        router.on(ResourceAnalyzed)(self.on_resource_analyzed)
+        router.on(RescheduleRequested)(self.on_reschedule_requested)
+        router.on(ClusterObserved)(self.on_cluster_observed)
+        router.on(CapacityChanged)(self.on_capacity_changed)
+        return router
 
     # --- following the buckets ------------------------------------------------------
 
@@ -294,9 +288,8 @@ class Scheduler:
 
     # --- handlers --------------------------------------------------------------------
 
-    async def on_resource_analyzed(self, envelope: Envelope) -> None:
-        analyzed = envelope.payload
-        assert isinstance(analyzed, ResourceAnalyzed)
+    async def on_resource_analyzed(self, event: Received[ResourceAnalyzed]) -> None:
+        envelope, analyzed = event.envelope, event.payload
         metadata = analyzed.object.get("metadata") or {}
         cause = Cause(
             event_id=envelope.id,
@@ -306,9 +299,8 @@ class Scheduler:
         )
         await self.decide(analyzed.ref.key, analyzed, cause)
 
-    async def on_reschedule_requested(self, envelope: Envelope) -> None:
-        command = envelope.payload
-        assert isinstance(command, RescheduleRequested)
+    async def on_reschedule_requested(self, event: Received[RescheduleRequested]) -> None:
+        envelope, command = event.envelope, event.payload
         key = command.ref.key
         await self.ready(self.sync_timeout)
         entry = self.index.get(key)
@@ -326,9 +318,8 @@ class Scheduler:
         )
         await self.decide(key, record.analyzed, cause, reschedule=True)
 
-    async def on_cluster_observed(self, envelope: Envelope) -> None:
-        observed = envelope.payload
-        assert isinstance(observed, ClusterObserved)
+    async def on_cluster_observed(self, event: Received[ClusterObserved]) -> None:
+        envelope, observed = event.envelope, event.payload
         name = observed.cluster
         new: api.Cluster | None = None
         if not observed.deleted:
@@ -362,9 +353,8 @@ class Scheduler:
         keys = state.affected(self.index, name, change)
         await self._request(keys, f"cluster {name} changed", dedupe=("cluster", name, version))
 
-    async def on_capacity_changed(self, envelope: Envelope) -> None:
-        changed = envelope.payload
-        assert isinstance(changed, CapacityChanged)
+    async def on_capacity_changed(self, event: Received[CapacityChanged]) -> None:
+        envelope, changed = event.envelope, event.payload
         before = self._capacity_seen.get(changed.cluster)
         if state.capacity_grew(before, changed.available):
             await self.index_ready()
@@ -679,11 +669,11 @@ def _placement_changed(current: PlacementRecord, decision: Decision) -> bool:
     )
 
 
-async def setup(rt: Runtime) -> None:
+async def setup(rt: Runtime) -> Scheduler:
     """Compose one replica: capacity cache, buckets, bucket followers, the consumer."""
-    settings = rt.settings
-    if not isinstance(settings, SchedulerSettings):
-        settings = SchedulerSettings.model_validate(settings.model_dump())
+    settings = rt.settings_as(SchedulerSettings)
+    if not isinstance(rt.bus, Bus):
+        raise ConfigError("the scheduler keeps its placement records in JetStream KV")
     cache = RedisCapacityCache.from_url(settings.redis_url, prefix=settings.capacity_prefix)
     rt.on_close(cache.aclose)
     reporter: Reporter | None = None
@@ -705,4 +695,5 @@ async def setup(rt: Runtime) -> None:
     rt.spawn("follow-placements", scheduler.follow_placements)
     rt.spawn("follow-clusters", scheduler.follow_clusters)
     rt.health.add_readiness_check("placements", scheduler.readiness)
-    rt.consume(CONSUMER, scheduler.handlers)
+    rt.serve(scheduler.router(), reporter=reporter)
+    return scheduler
