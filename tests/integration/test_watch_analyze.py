@@ -36,7 +36,7 @@ from flotilla.common import events, kube
 from flotilla.common.api import DEPENDENCIES_ANNOTATION, PLACEMENT_ANNOTATION
 from flotilla.common.config import Settings
 from flotilla.common.infra import NatsServer
-from flotilla.common.service import Runtime
+from flotilla.common.service import started
 from flotilla.common.testing import CRD_DIR, eventually, schemaless_crd
 from flotilla.depdetector import service as depdetector
 from flotilla.kubesim.server import KubeSim
@@ -272,21 +272,14 @@ async def hub_writer(hub: KubeSim) -> AsyncIterator[Hub]:
 
 @contextlib.asynccontextmanager
 async def running_watcher(settings: Settings, hub: KubeSim) -> AsyncIterator[watcher.Watcher]:
-    async with (
-        hub_client(hub) as api,
-        Runtime.open(settings) as rt,
-        watcher.running(api, rt.bus) as service,
-    ):
-        yield service
+    async with started(settings, watcher.setup) as service:
+        await eventually(service.app.started.is_set, what="the watcher to start", timeout=30)
+        yield service.app
 
 
 @contextlib.asynccontextmanager
 async def running_detector(settings: Settings, hub: KubeSim) -> AsyncIterator[None]:
-    async with (
-        hub_client(hub) as api,
-        Runtime.open(settings) as rt,
-        depdetector.running(rt, api),
-    ):
+    async with started(settings, depdetector.setup):
         yield
 
 

@@ -6,9 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import nats
@@ -23,7 +21,13 @@ from flotilla.common.api import DEPENDENCIES_ANNOTATION, STRATEGY_ANNOTATION, Gr
 from flotilla.common.dispatch import EventBus
 from flotilla.common.infra import NatsServer
 from flotilla.common.service import started
-from flotilla.common.testing import CRD_DIR, eventually, schemaless_crd, service_settings
+from flotilla.common.testing import (
+    CRD_DIR,
+    eventually,
+    kubeconfig_file,
+    schemaless_crd,
+    service_settings,
+)
 from flotilla.depdetector import service
 from flotilla.kubesim.server import KubeSim
 
@@ -135,9 +139,7 @@ async def detector(
         await k8s.ApiextensionsV1Api(api).create_custom_resource_definition(FLINK_CRD)
         namespace: Any = {"metadata": {"name": NS}}
         await k8s.CoreV1Api(api).create_namespace(namespace)
-        with tempfile.TemporaryDirectory() as state:
-            kubeconfig = Path(state) / "hub.kubeconfig"
-            hub.write_kubeconfig(kubeconfig)
+        with kubeconfig_file(hub.kubeconfig()) as kubeconfig:
             settings = settings.model_copy(update={"hub_kubeconfig": kubeconfig})
             setup = Setup(hub, api, dyn)
             for obj in before:  # before the detector starts: what it finds at start

@@ -16,8 +16,14 @@ from nats.aio.msg import Msg
 
 from flotilla.common import events, kube
 from flotilla.common.infra import NatsServer
-from flotilla.common.service import Runtime
-from flotilla.common.testing import CRD_DIR, eventually, schemaless_crd, service_settings
+from flotilla.common.service import started
+from flotilla.common.testing import (
+    CRD_DIR,
+    eventually,
+    kubeconfig_file,
+    schemaless_crd,
+    service_settings,
+)
 from flotilla.watcher import service
 
 pytestmark = pytest.mark.integration
@@ -71,7 +77,10 @@ async def harness(
     kubesim_factory: Any, nats_server: NatsServer, unique: str
 ) -> AsyncIterator[Harness]:
     hub = await kubesim_factory("hub", hub=True)
-    settings = service_settings("watcher", nats_server, f"ws{unique}", instance="w-1")
+    settings = service_settings(
+        "watcher", nats_server, f"ws{unique}", service.WatcherSettings, instance="w-1"
+    )
+    settings = settings.model_copy(update={"unserved_retry": 0.2})
     api = await config.new_client_from_config_dict(hub.kubeconfig())
     async with api, DynamicClient(api) as dyn:
         await kube.install_crds(api, CRD_DIR.glob("*.yaml"))
@@ -79,14 +88,15 @@ async def harness(
         await k8s.CoreV1Api(api).create_namespace(namespace)
         nc = await nats.connect(nats_server.url)
         try:
-            async with (
-                Runtime.open(settings) as rt,
-                service.running(api, rt.bus, unserved_retry=0.2) as watcher,
-            ):
-                h = Harness(api, dyn, watcher)
-                await nc.subscribe(f"ws{unique}.events.>", cb=h.on_message)
-                await nc.flush()
-                yield h
+            with kubeconfig_file(hub.kubeconfig()) as kubeconfig:
+                settings = settings.model_copy(update={"hub_kubeconfig": kubeconfig})
+                async with started(settings, service.setup) as running:
+                    watcher = running.app
+                    await eventually(watcher.started.is_set, what="the watcher to start")
+                    h = Harness(api, dyn, watcher)
+                    await nc.subscribe(f"ws{unique}.events.>", cb=h.on_message)
+                    await nc.flush()
+                    yield h
         finally:
             await nc.close()
 

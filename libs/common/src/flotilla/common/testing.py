@@ -13,10 +13,13 @@ asynchronous outcome: bounded polling on a condition, never a bare sleep.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import json
+import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +102,17 @@ def service_settings(
     }
     values.update(overrides)
     return settings_type(**values)
+
+
+@contextlib.contextmanager
+def kubeconfig_file(kubeconfig: Mapping[str, Any]) -> Iterator[Path]:
+    """`kubeconfig` (a kubesim's ``kubeconfig()``) written to a private temporary file,
+    for a service composed from settings (``hub_kubeconfig``) the way it runs."""
+    with tempfile.TemporaryDirectory(prefix="flotilla-kubeconfig-") as folder:
+        path = Path(folder) / "kubeconfig"
+        path.write_text(json.dumps(kubeconfig))
+        path.chmod(0o600)
+        yield path
 
 
 async def eventually(

@@ -1,11 +1,11 @@
 """``python -m flotilla.watcher``: the watcher service process."""
 
 from flotilla.common import service
-from flotilla.watcher.service import setup
+from flotilla.watcher.service import WatcherSettings, setup
 
 
 def main() -> None:
-    service.main("watcher", setup)
+    service.main("watcher", setup, WatcherSettings)
 
 
 if __name__ == "__main__":

@@ -44,11 +44,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.dynamic import DynamicClient
+from pydantic import Field
 
 from flotilla.common import events, kube
 from flotilla.common.api import (
@@ -62,7 +63,8 @@ from flotilla.common.api import (
     parse_object,
 )
 from flotilla.common.bus import Bus
-from flotilla.common.errors import FlotillaError, InvalidObject
+from flotilla.common.config import Settings
+from flotilla.common.errors import ConfigError, FlotillaError, InvalidObject
 from flotilla.common.events import ObjectRef
 from flotilla.common.service import Runtime, guarded
 from flotilla.watcher import matching, observations
@@ -363,43 +365,27 @@ class Watcher:
         self._wake.set()
 
 
-@contextlib.asynccontextmanager
-async def running(
-    api: ApiClient, bus: Bus, *, unserved_retry: float = UNSERVED_RETRY
-) -> AsyncIterator[Watcher]:
-    """A started watcher (policies known, user watches started) until the block ends."""
-    state = await WatchState.open(bus)
+class WatcherSettings(Settings):
+    """The watcher's own settings on top of the common ones."""
+
+    unserved_retry: float = Field(
+        default=UNSERVED_RETRY,
+        gt=0,
+        description="seconds before a selected type the hub does not serve is looked up again",
+    )
+
+
+async def setup(rt: Runtime) -> Watcher:
+    """Compose the watcher: the hub client, its durable state, the watches (one
+    guarded loop, restarted from the durable positions if it crashes)."""
+    settings = rt.settings_as(WatcherSettings)
+    if not isinstance(rt.bus, Bus):
+        raise ConfigError("the watcher keeps its positions and records in JetStream KV")
+    api = await kube.client_from_kubeconfig(settings.hub_kubeconfig)
+    rt.on_close(api.close)
+    dyn = await DynamicClient(api)
+    state = await WatchState.open(rt.bus)
     records = await state.load_records()
-    async with DynamicClient(api) as dyn:
-        watcher = Watcher(bus, api, dyn, state, records, unserved_retry=unserved_retry)
-        task = asyncio.create_task(watcher.run(), name="watcher")
-        try:
-            started = asyncio.create_task(watcher.started.wait())
-            await asyncio.wait([task, started], return_when=asyncio.FIRST_COMPLETED)
-            started.cancel()
-            await asyncio.gather(started, return_exceptions=True)
-            if task.done():
-                task.result()  # raises what stopped it
-            yield watcher
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-
-async def run(api: ApiClient, bus: Bus) -> None:
-    """The watcher on an open hub client and bus, until cancelled."""
-    state = await WatchState.open(bus)
-    records = await state.load_records()
-    async with DynamicClient(api) as dyn:
-        await Watcher(bus, api, dyn, state, records).run()
-
-
-async def setup(rt: Runtime) -> None:
-    """`service.main` hook: the watcher as one guarded long-running task."""
-
-    async def watch_hub() -> None:
-        api = await kube.client_from_kubeconfig(rt.settings.hub_kubeconfig)
-        async with api:
-            await run(api, rt.bus)
-
-    rt.spawn("watcher", watch_hub)
+    watcher = Watcher(rt.bus, api, dyn, state, records, unserved_retry=settings.unserved_retry)
+    rt.spawn("watcher", watcher.run)
+    return watcher
