@@ -535,7 +535,9 @@ async def test_a_killed_watcher_process_loses_nothing_and_the_processes_stop_cle
             for obj in (kept, changed, removed):
                 await writes.create(obj)
             for obj in (kept, changed, removed):
-                await event_log.wait_for("ResourceObserved", key(obj["metadata"]["name"]))
+                # A process start-up on a loaded 2-core machine can take several seconds.
+                name = obj["metadata"]["name"]
+                await event_log.wait_for("ResourceObserved", key(name), timeout=45)
             process.send_signal(signal.SIGKILL)
             assert await process.wait() == -signal.SIGKILL
 
@@ -547,8 +549,8 @@ async def test_a_killed_watcher_process_loses_nothing_and_the_processes_stop_cle
             service_process("flotilla.watcher", settings, log_path) as process,
             service_process("flotilla.depdetector", settings_for("depdetector"), log_path) as det,
         ):
-            await event_log.wait_for("ResourceObserved", key("added"))
-            await event_log.wait_for("ResourceAnalyzed", key("added"))
+            await event_log.wait_for("ResourceObserved", key("added"), timeout=45)
+            await event_log.wait_for("ResourceAnalyzed", key("added"), timeout=45)
             await event_log.wait_for(
                 "ResourceObserved", key("changed"), where=lambda e: e.generation == 2
             )
