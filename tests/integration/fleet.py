@@ -1,0 +1,283 @@
+"""The end-to-end fixture: a whole Flotilla installation for one test.
+
+`Fleet` starts what an operator runs — a kubesim hub with the Flotilla CRDs,
+member clusters (kubesim, each registered on the hub as a `Cluster` with its
+kubeconfig Secret), real NATS JetStream and Redis (the session's servers, kept
+apart by a unique stream and key prefix) — and every built service as a real OS
+process (``python -m flotilla.<service>``), configured only through its
+``FLOTILLA_*`` variables, exactly as in production. The test then talks to the
+hub as a user would and reads the bus as an operator would.
+
+Until the syncer reports member capacity and readiness, `Fleet.register` writes
+each member's capacity record into Redis and its `Cluster` status by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import nats
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.dynamic import DynamicClient
+from nats.aio.msg import Msg
+
+from flotilla.common import capacity, events, kube
+from flotilla.common.infra import NatsServer, RedisServer
+from flotilla.common.rediscapacity import RedisCapacityCache
+from flotilla.common.testing import CRD_DIR, eventually
+from flotilla.kubesim.server import KubeSim
+from flotilla.kubesim.sim import SimOptions
+from flotilla.kubesim.testing import KubeSimFactory
+
+SYSTEM_NAMESPACE = "flotilla-system"
+SERVICES = ("watcher", "depdetector", "scheduler")
+"""The services built so far, started in this order."""
+MEMBERS: Mapping[str, Mapping[str, str]] = {
+    "us-east": {"region": "us-east", "zone": "us-east-1a", "provider": "aws"},
+    "us-west": {"region": "us-west", "zone": "us-west-2b", "provider": "aws"},
+    "eu-central": {
+        "region": "eu-central",
+        "zone": "eu-central-1a",
+        "provider": "gcp",
+        "gpu": "v100",
+    },
+}
+NODES = 3
+NODE = {"cpu": 8000, "memory": 32 * 2**30, "pods": 110}
+
+
+class Fleet:
+    def __init__(
+        self,
+        *,
+        hub: KubeSim,
+        members: dict[str, KubeSim],
+        nats_server: NatsServer,
+        redis_server: RedisServer,
+        prefix: str,
+        state: Path,
+    ) -> None:
+        self.hub = hub
+        self.members = members
+        self.nats_server = nats_server
+        self.redis_server = redis_server
+        self.prefix = prefix
+        self.state = state
+        self.hub_kubeconfig = state / "hub.kubeconfig"
+        self.api: ApiClient
+        self.dyn: DynamicClient
+        self.processes: dict[str, asyncio.subprocess.Process] = {}
+        self.seen: dict[str, list[events.Envelope]] = defaultdict(list)
+
+    # --- the environment ------------------------------------------------------------
+
+    def env(self, service: str) -> dict[str, str]:
+        return {
+            **os.environ,
+            "FLOTILLA_NATS_URL": self.nats_server.url,
+            "FLOTILLA_REDIS_URL": self.redis_server.url,
+            "FLOTILLA_STREAM_PREFIX": self.prefix,
+            "FLOTILLA_CAPACITY_PREFIX": f"{self.prefix}:capacity:",
+            "FLOTILLA_PARTITIONS": "4",
+            "FLOTILLA_HUB_KUBECONFIG": str(self.hub_kubeconfig),
+            "FLOTILLA_HEALTH_HOST": "127.0.0.1",
+            "FLOTILLA_HEALTH_PORT": "0",
+            "FLOTILLA_INSTANCE": f"{service}-1",
+            "FLOTILLA_LOG_LEVEL": "INFO",
+        }
+
+    async def start_service(self, service: str) -> None:
+        log = (self.state / f"{service}.log").open("ab")
+        self.processes[service] = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            f"flotilla.{service}",
+            env=self.env(service),
+            stdout=log,
+            stderr=log,
+        )
+        log.close()
+
+    async def stop_service(self, service: str, *, kill: bool = False) -> int:
+        process = self.processes.pop(service)
+        if process.returncode is None:
+            if kill:
+                process.kill()
+            else:
+                process.terminate()
+        try:
+            return await asyncio.wait_for(process.wait(), 30)
+        except TimeoutError:
+            process.kill()
+            return await process.wait()
+
+    def log(self, service: str) -> str:
+        return (self.state / f"{service}.log").read_text(errors="replace")
+
+    async def register(
+        self, name: str, labels: Mapping[str, str], *, nodes: int = NODES, ready: bool = True
+    ) -> None:
+        """A member as an operator registers it: its kubeconfig Secret and `Cluster`;
+        and (until the syncer exists) its capacity record and Ready status."""
+        core = k8s.CoreV1Api(self.api)
+        secret: Any = {
+            "metadata": {"name": name, "namespace": SYSTEM_NAMESPACE},
+            "stringData": {"kubeconfig": json.dumps(self.members[name].kubeconfig())},
+        }
+        await core.create_namespaced_secret(SYSTEM_NAMESPACE, secret)
+        cluster = {
+            "apiVersion": "flotilla.io/v1alpha1",
+            "kind": "Cluster",
+            "metadata": {"name": name, "labels": dict(labels)},
+            "spec": {
+                "kubeconfigSecretRef": {
+                    "namespace": SYSTEM_NAMESPACE,
+                    "name": name,
+                    "key": "kubeconfig",
+                }
+            },
+        }
+        created = await self.create(cluster)
+        node_records = [
+            capacity.NodeCapacity(name=f"{name}-n{i}", allocatable=dict(NODE), free=dict(NODE))
+            for i in range(nodes)
+        ]
+        total = capacity.add(*(n.free for n in node_records))
+        cache = RedisCapacityCache.from_url(
+            self.redis_server.url, prefix=f"{self.prefix}:capacity:"
+        )
+        try:
+            await cache.put(
+                capacity.ClusterCapacity(
+                    cluster=name,
+                    allocatable=total,
+                    available=total,
+                    nodes=node_records,
+                    observed_at=time.time(),
+                )
+            )
+        finally:
+            await cache.aclose()
+        status = {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True" if ready else "False",
+                    "reason": "Registered",
+                    "message": "registered by the end-to-end fixture",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ]
+        }
+        resource = await kube.resource_for(self.dyn, "flotilla.io/v1alpha1", "Cluster")
+        body = {**created, "status": status}
+        kube.checked(await self.dyn.replace(resource.status, body=body, name=name))
+
+    # --- the hub, as a user --------------------------------------------------------------
+
+    async def create(self, obj: Mapping[str, Any]) -> Any:
+        resource = await kube.resource_for(self.dyn, obj["apiVersion"], obj["kind"])
+        namespace = obj["metadata"].get("namespace")
+        return kube.checked(await self.dyn.create(resource, body=dict(obj), namespace=namespace))
+
+    async def delete(self, obj: Mapping[str, Any]) -> None:
+        resource = await kube.resource_for(self.dyn, obj["apiVersion"], obj["kind"])
+        meta = obj["metadata"]
+        kube.checked(
+            await self.dyn.delete(resource, name=meta["name"], namespace=meta.get("namespace"))
+        )
+
+    async def warnings(self, namespace: str, reason: str | None = None) -> list[Any]:
+        listed = await k8s.CoreV1Api(self.api).list_namespaced_event(namespace)
+        return [
+            e
+            for e in listed.items
+            if e.type == "Warning" and (reason is None or e.reason == reason)
+        ]
+
+    # --- the bus, as an operator -----------------------------------------------------
+
+    async def _on_message(self, msg: Msg) -> None:
+        with contextlib.suppress(Exception):
+            envelope = events.decode(msg.data)
+            self.seen[envelope.type].append(envelope)
+
+    def of(self, event_type: str, key: str | None = None) -> list[events.Envelope]:
+        return [e for e in self.seen[event_type] if key is None or e.key == key]
+
+    async def wait_for(
+        self,
+        event_type: str,
+        key: str,
+        *,
+        where: Callable[[events.Envelope], bool] = lambda _: True,
+        timeout: float = 45.0,
+    ) -> events.Envelope:
+        def found() -> events.Envelope | None:
+            return next((e for e in reversed(self.of(event_type, key)) if where(e)), None)
+
+        try:
+            result: events.Envelope = await eventually(
+                found, timeout=timeout, what=f"{event_type} {key}"
+            )
+        except AssertionError as exc:
+            logs = "\n".join(f"--- {s}\n{self.log(s)[-3000:]}" for s in self.processes)
+            raise AssertionError(f"{exc}\n{logs}") from None
+        return result
+
+
+@contextlib.asynccontextmanager
+async def running_fleet(
+    kubesim_factory: KubeSimFactory,
+    nats_server: NatsServer,
+    redis_server: RedisServer,
+    prefix: str,
+    state: Path,
+    *,
+    members: Mapping[str, Mapping[str, str]] = MEMBERS,
+    services: Sequence[str] = SERVICES,
+) -> AsyncIterator[Fleet]:
+    hub = await kubesim_factory("hub", hub=True)
+    started = {name: await kubesim_factory(name, sim=SimOptions(nodes=NODES)) for name in members}
+    fleet = Fleet(
+        hub=hub,
+        members=started,
+        nats_server=nats_server,
+        redis_server=redis_server,
+        prefix=prefix,
+        state=state,
+    )
+    hub.write_kubeconfig(fleet.hub_kubeconfig)
+    api = await k8s_config.new_client_from_config_dict(hub.kubeconfig(), context=hub.name)
+    nc = await nats.connect(nats_server.url)
+    try:
+        async with api, DynamicClient(api) as dyn:
+            fleet.api, fleet.dyn = api, dyn
+            await kube.install_crds(api, CRD_DIR.glob("*.yaml"))
+            core = k8s.CoreV1Api(api)
+            namespace: Any = {"metadata": {"name": SYSTEM_NAMESPACE}}
+            await core.create_namespace(namespace)
+            await nc.subscribe(f"{prefix}.events.>", cb=fleet._on_message)
+            await nc.flush()
+            for name, labels in members.items():
+                await fleet.register(name, labels)
+            try:
+                for service in services:
+                    await fleet.start_service(service)
+                yield fleet
+            finally:
+                for service in list(fleet.processes):
+                    await fleet.stop_service(service)
+    finally:
+        await nc.close()
