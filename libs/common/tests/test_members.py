@@ -195,7 +195,7 @@ async def test_a_hung_member_does_not_slow_the_others(
     await fleet.member("healthy")
     hung.set_latency(1500)
     waiting = asyncio.create_task(pool.client("hung"))
-    await asyncio.sleep(0)  # let it take its cluster's lock and start its requests
+    await eventually(lambda: hung.stats()["requests"] > 0, what="the probe of the hung member")
     started = time.monotonic()
     await client.VersionApi(await pool.client("healthy")).get_code()
     assert time.monotonic() - started < 0.4

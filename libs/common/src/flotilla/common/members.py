@@ -20,8 +20,9 @@ material honoured and kept in memory.
   probes the member before handing a client out.
 - Each cluster has its own lock, held only while that cluster's client is
   checked or built: a slow member never delays another.
-- A replaced client is closed after a grace period long enough for the requests
-  already using it to end, and everything is closed by ``close()``.
+- A replaced client is closed after a grace period (connect + request timeout)
+  long enough for the requests already using it to end; a watch still open on it
+  ends then and is re-opened by its loop. ``close()`` closes everything.
 
 Errors use the project's vocabulary. A missing or invalid Cluster, a missing
 Secret or key, or a kubeconfig that cannot be used is `InvalidObject` (reason
@@ -118,7 +119,7 @@ class MemberClients:
             raise RuntimeError("the member client pool is closed")
         member = self._members.setdefault(cluster, _Member())
         if member.client is not None and self._clock() < member.checked_at + self._revalidate_after:
-            return member.client
+            return member.client  # the common case: no lock, no I/O
         async with member.lock:
             await self._reap()
             now = self._clock()
@@ -154,11 +155,6 @@ class MemberClients:
             if error is exc:
                 raise
             raise error from exc
-
-    def failed(self, cluster: str, api_client: ApiClient, exc: BaseException) -> Unavailable:
-        """Report that a request on `api_client` failed to connect; returns the error to
-        raise. For callers that hold a client outside `connection`."""
-        return self._connection_failed(cluster, self._members.get(cluster), api_client, exc)
 
     async def close(self) -> None:
         """Close every client; the pool cannot be used afterwards."""
