@@ -277,3 +277,19 @@ async def test_an_unusable_kubeconfig_is_a_config_error_without_its_secrets() ->
     }
     with pytest.raises(ConfigError, match="ca data is not base64"):
         await kube.client_from_kubeconfig(kubeconfig=bad_ca)
+
+
+@pytest.mark.integration
+async def test_the_hub_client_follows_the_settings(kubesim_factory: Any, tmp_path: Path) -> None:
+    hub = await kubesim_factory("hub", hub=True)
+    hub.write_kubeconfig(tmp_path / "hub.yaml")
+    settings = Settings(hub_kubeconfig=tmp_path / "hub.yaml", kube_request_timeout=0.3)
+    async with await kube.hub_client(settings) as api:
+        core = client.CoreV1Api(api)
+        await core.list_namespace()
+        hub.set_latency(1500)
+        started = time.monotonic()
+        with pytest.raises(aiohttp.ServerTimeoutError):
+            await core.list_namespace()
+        hub.set_latency(0)
+    assert time.monotonic() - started < 1.2

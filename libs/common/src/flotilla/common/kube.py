@@ -166,6 +166,12 @@ async def client_from_kubeconfig(
     return api
 
 
+async def hub_client(settings: Settings) -> ApiClient:
+    """The hub's ApiClient as a service's settings describe it (`hub_kubeconfig`, and
+    the `kube_*` timeouts); the caller closes it."""
+    return await client_from_kubeconfig(settings.hub_kubeconfig, timeouts=Timeouts.of(settings))
+
+
 def _read_kubeconfig(path: str | Path | None) -> tuple[Any, str]:
     """The parsed file and its directory (relative certificate paths start there).
     Read once at start-up, so reading synchronously costs nothing."""

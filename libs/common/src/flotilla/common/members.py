@@ -236,7 +236,7 @@ class MemberClients:
         Read without kubernetes_asyncio's preloading, which logs every response body
         at DEBUG level: a Secret's content must never reach a log.
         """
-        response = await k8s.CoreV1Api(self._hub).read_namespaced_secret(
+        response: Any = await k8s.CoreV1Api(self._hub).read_namespaced_secret(
             ref.name, ref.namespace, _preload_content=False
         )
         async with response:

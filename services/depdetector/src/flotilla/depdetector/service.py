@@ -430,7 +430,7 @@ async def running(
 
 async def setup(rt: Runtime) -> None:
     """`service.main` hook: consume with a hub client that lives as long as the service."""
-    api = await kube.client_from_kubeconfig(rt.settings.hub_kubeconfig)
+    api = await kube.hub_client(rt.settings)
     dyn = await DynamicClient(api)
     detector = Detector(rt.bus, api, dyn)
     await detector.load_interpreters()

@@ -398,7 +398,7 @@ async def setup(rt: Runtime) -> None:
     """`service.main` hook: the watcher as one guarded long-running task."""
 
     async def watch_hub() -> None:
-        api = await kube.client_from_kubeconfig(rt.settings.hub_kubeconfig)
+        api = await kube.hub_client(rt.settings)
         async with api:
             await run(api, rt.bus)
 
