@@ -207,6 +207,34 @@ async def test_a_hung_member_does_not_slow_the_others(
 
 
 @pytest.mark.integration
+async def test_each_cluster_has_its_own_bound_on_concurrent_work(fleet: Fleet) -> None:
+    await fleet.member("busy")
+    await fleet.member("other")
+    pool = members.MemberClients(fleet.api, timeouts=FAST, per_cluster=2)
+    release = asyncio.Event()
+    inside: list[str] = []
+
+    async def work(cluster: str) -> None:
+        async with pool.connection(cluster):
+            inside.append(cluster)
+            await release.wait()
+
+    busy = [asyncio.create_task(work("busy")) for _ in range(5)]
+    try:
+        await eventually(lambda: inside.count("busy") == 2, what="two busy slots taken")
+        other = asyncio.create_task(work("other"))
+        await eventually(lambda: "other" in inside, what="the other cluster not to queue")
+        assert inside.count("busy") == 2, "a third block entered a full cluster"
+        release.set()
+        await asyncio.gather(*busy, other)
+        assert inside.count("busy") == 5
+    finally:
+        release.set()
+        await asyncio.gather(*busy, return_exceptions=True)
+        await pool.close()
+
+
+@pytest.mark.integration
 async def test_missing_or_unusable_credentials_are_permanent_and_say_where(
     fleet: Fleet, pool: members.MemberClients, caplog: pytest.LogCaptureFixture
 ) -> None:

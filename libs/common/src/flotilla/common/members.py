@@ -19,7 +19,8 @@ material honoured and kept in memory.
   member costs its callers nothing; the next attempt re-reads the Secret and
   probes the member before handing a client out.
 - Each cluster has its own lock, held only while that cluster's client is
-  checked or built: a slow member never delays another.
+  checked or built, and its own bound on concurrent ``connection()`` blocks
+  (`per_cluster`): a slow member never delays another nor takes every worker.
 - A replaced client is closed after a grace period (connect + request timeout)
   long enough for the requests already using it to end; a watch still open on it
   ends then and is re-opened by its loop. ``close()`` closes everything.
@@ -76,6 +77,8 @@ class Backoff:
 class _Member:
     """What the pool knows of one member cluster."""
 
+    slots: asyncio.Semaphore
+    """Bounds the `connection()` blocks open on this member at once."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     client: ApiClient | None = None
     secret_ref: api.SecretKeyRef | None = None
@@ -97,9 +100,13 @@ class MemberClients:
         timeouts: kube.Timeouts | None = None,
         backoff: Backoff | None = None,
         revalidate_after: float = 10.0,
+        per_cluster: int = 16,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if per_cluster < 1:
+            raise ValueError("per_cluster must be at least 1")
         self._hub = hub
+        self._per_cluster = per_cluster
         self._timeouts = timeouts or kube.Timeouts()
         self._backoff = backoff or Backoff()
         self._revalidate_after = revalidate_after
@@ -117,7 +124,7 @@ class MemberClients:
         """
         if self._closed:
             raise RuntimeError("the member client pool is closed")
-        member = self._members.setdefault(cluster, _Member())
+        member = self._member(cluster)
         if member.client is not None and self._clock() < member.checked_at + self._revalidate_after:
             return member.client  # the common case: no lock, no I/O
         async with member.lock:
@@ -141,20 +148,22 @@ class MemberClients:
 
     @asynccontextmanager
     async def connection(self, cluster: str) -> AsyncIterator[ApiClient]:
-        """``client(cluster)`` for one piece of work; failures inside the block are
-        translated into Flotilla's errors, and connection failures retire the client
-        and back the cluster off."""
-        api_client = await self.client(cluster)
-        try:
-            yield api_client
-        except Exception as exc:
-            error = kube.translate(exc)
-            if _is_connection_failure(exc):
-                member = self._members.get(cluster)
-                error = self._connection_failed(cluster, member, api_client, exc)
-            if error is exc:
-                raise
-            raise error from exc
+        """``client(cluster)`` for one piece of work, once one of the cluster's
+        `per_cluster` slots is free; failures inside the block are translated into
+        Flotilla's errors, and connection failures retire the client and back the
+        cluster off (callers queued behind them are then refused at once)."""
+        member = self._member(cluster)
+        async with member.slots:
+            api_client = await self.client(cluster)
+            try:
+                yield api_client
+            except Exception as exc:
+                error = kube.translate(exc)
+                if _is_connection_failure(exc):
+                    error = self._connection_failed(cluster, member, api_client, exc)
+                if error is exc:
+                    raise
+                raise error from exc
 
     async def close(self) -> None:
         """Close every client; the pool cannot be used afterwards."""
@@ -164,6 +173,12 @@ class MemberClients:
         retired, self._retired = self._retired, []
         for _, api_client in retired:
             await api_client.close()
+
+    def _member(self, cluster: str) -> _Member:
+        member = self._members.get(cluster)
+        if member is None:
+            member = self._members[cluster] = _Member(asyncio.Semaphore(self._per_cluster))
+        return member
 
     # -- building ------------------------------------------------------------------
 
@@ -275,12 +290,9 @@ class MemberClients:
     # -- failures ------------------------------------------------------------------
 
     def _connection_failed(
-        self, cluster: str, member: _Member | None, api_client: ApiClient, exc: BaseException
+        self, cluster: str, member: _Member, api_client: ApiClient, exc: BaseException
     ) -> Unavailable:
-        ref = member.secret_ref if member is not None else None
-        error = _member_unavailable(cluster, ref, exc)
-        if member is None:
-            return error
+        error = _member_unavailable(cluster, member.secret_ref, exc)
         # Requests in flight on the same client fail together: count them once.
         if member.client is api_client:
             self._retire(member)
