@@ -155,14 +155,15 @@ async def test_a_watch_may_stay_quiet_until_its_server_timeout_but_not_hang(
         )
         async with response:
             assert await response.content.read() == b""
-        assert 0.9 < time.monotonic() - started < 2.5
+        assert 0.9 < time.monotonic() - started < 3.0
         hub.set_latency(3000)
         started = time.monotonic()
         with pytest.raises(aiohttp.ServerTimeoutError):
             await core.list_namespace(watch=True, _preload_content=False)
         elapsed = time.monotonic() - started
         hub.set_latency(0)
-    assert 1.0 < elapsed < 2.5, f"a hung watch took {elapsed:.2f}s to fail"
+    # Unbounded, it would answer after the 3 s latency and end 1 s later.
+    assert 1.0 < elapsed < 2.8, f"a hung watch took {elapsed:.2f}s to fail"
 
 
 def _openssl(*args: str | Path) -> None:

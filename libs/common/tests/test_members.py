@@ -174,7 +174,7 @@ async def test_a_down_member_fails_fast_and_recovers(
     with pytest.raises(Unavailable, match="backing off"):
         await pool.client("m1")
     assert member.stats()["requests"] == requests
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 2.0, "an outage is seen at once, not after timeouts"
 
     await member.set_outage(False)
 
@@ -182,22 +182,23 @@ async def test_a_down_member_fails_fast_and_recovers(
 
 
 @pytest.mark.integration
-async def test_a_hung_member_does_not_slow_the_others(
-    fleet: Fleet, pool: members.MemberClients
-) -> None:
+async def test_a_hung_member_does_not_slow_the_others(fleet: Fleet) -> None:
     hung = await fleet.member("hung")
     await fleet.member("healthy")
-    hung.set_latency(1500)
-    waiting = asyncio.create_task(pool.client("hung"))
-    await eventually(lambda: hung.stats()["requests"] > 0, what="the probe of the hung member")
-    started = time.monotonic()
-    await client.VersionApi(await pool.client("healthy")).get_code()
-    assert time.monotonic() - started < 0.4
-    assert not waiting.done()
-    with pytest.raises(Unavailable, match="member cluster hung"):
-        await waiting
-    assert time.monotonic() - started < 1.2, "the hung member was cut by the read timeout"
-    hung.set_latency(0)
+    hung.set_latency(2500)
+    # A roomier timeout than FAST: the healthy member's client must be ready well
+    # before the hung one's probe times out, even on a loaded machine.
+    pool = members.MemberClients(fleet.api, timeouts=kube.Timeouts(connect=1.0, request=1.0))
+    try:
+        waiting = asyncio.create_task(pool.client("hung"))
+        await eventually(lambda: hung.stats()["requests"] > 0, what="the hung member's probe")
+        await client.VersionApi(await pool.client("healthy")).get_code()
+        assert not waiting.done(), "the healthy member waited for the hung one"
+        with pytest.raises(Unavailable, match="member cluster hung"):
+            await waiting
+    finally:
+        hung.set_latency(0)
+        await pool.close()
 
 
 @pytest.mark.integration
