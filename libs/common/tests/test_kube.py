@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import base64
+import shutil
+import ssl
+import subprocess
+import tempfile
+import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.dynamic import DynamicClient
 
 from flotilla.common import kube
-from flotilla.common.errors import InvalidObject, Unavailable
+from flotilla.common.config import Settings
+from flotilla.common.errors import ConfigError, InvalidObject, Unavailable
 from flotilla.common.testing import CRD_DIR
 
 
@@ -76,3 +85,212 @@ async def test_install_crds_is_idempotent(kubesim_factory: Any) -> None:
     assert first == again
     assert "clusters.flotilla.io" in first
     assert {c.metadata.name for c in served.items} >= set(first)
+
+
+@pytest.mark.parametrize(
+    ("query", "expected_query", "read_timeout"),
+    [
+        (None, [], 30.0),
+        ([("limit", 5)], [("limit", 5)], 30.0),
+        ([("watch", True)], [("watch", True), ("timeoutSeconds", 300)], 330.0),
+        ([("watch", "true")], [("watch", "true"), ("timeoutSeconds", 300)], 330.0),
+        (
+            [("watch", "true"), ("timeoutSeconds", 10)],
+            [("watch", "true"), ("timeoutSeconds", 10)],
+            40.0,
+        ),
+        ([("watch", False)], [("watch", False)], 30.0),
+    ],
+    ids=["no-query", "list", "watch", "watch-string", "watch-own-timeout", "not-a-watch"],
+)
+def test_timeouts_bound_every_request(
+    query: list[tuple[str, Any]] | None, expected_query: list[tuple[str, Any]], read_timeout: float
+) -> None:
+    applied, timeout = kube.Timeouts(connect=5.0, request=30.0, watch=300).apply(query)
+    assert applied == expected_query
+    assert timeout.sock_read == read_timeout
+    assert timeout.sock_connect == 5.0
+
+
+def test_timeouts_come_from_settings() -> None:
+    settings = Settings(kube_connect_timeout=1.5, kube_request_timeout=7, kube_watch_timeout=60)
+    assert kube.Timeouts.of(settings) == kube.Timeouts(connect=1.5, request=7.0, watch=60)
+
+
+@pytest.mark.integration
+async def test_a_hung_server_fails_within_the_request_timeout(kubesim_factory: Any) -> None:
+    hub = await kubesim_factory("hub", hub=True)
+    timeouts = kube.Timeouts(connect=1.0, request=0.3)
+    async with await kube.client_from_kubeconfig(
+        kubeconfig=hub.kubeconfig(), timeouts=timeouts
+    ) as api:
+        core = client.CoreV1Api(api)
+        await core.list_namespace()
+        hub.set_latency(2000)
+        started = time.monotonic()
+        with pytest.raises(aiohttp.ServerTimeoutError) as caught:
+            await core.list_namespace()
+        elapsed = time.monotonic() - started
+        hub.set_latency(0)
+    assert elapsed < 1.5, f"the request took {elapsed:.2f}s, the timeout is 0.3s"
+    assert isinstance(kube.translate(caught.value), Unavailable)
+
+
+@pytest.mark.integration
+async def test_a_watch_may_stay_quiet_until_its_server_timeout_but_not_hang(
+    kubesim_factory: Any,
+) -> None:
+    hub = await kubesim_factory("hub", hub=True)
+    timeouts = kube.Timeouts(connect=1.0, request=0.3, watch=1)
+    async with await kube.client_from_kubeconfig(
+        kubeconfig=hub.kubeconfig(), timeouts=timeouts
+    ) as api:
+        core = client.CoreV1Api(api)
+        listed = await core.list_namespace()
+        # Quiet for longer than the request timeout, then ended by the server
+        # (the added timeoutSeconds): a healthy watch is not cut by the client.
+        started = time.monotonic()
+        response = await core.list_namespace(
+            watch=True, resource_version=listed.metadata.resource_version, _preload_content=False
+        )
+        async with response:
+            assert await response.content.read() == b""
+        assert 0.9 < time.monotonic() - started < 3.0
+        hub.set_latency(3000)
+        started = time.monotonic()
+        with pytest.raises(aiohttp.ServerTimeoutError):
+            await core.list_namespace(watch=True, _preload_content=False)
+        elapsed = time.monotonic() - started
+        hub.set_latency(0)
+    # Unbounded, it would answer after the 3 s latency and end 1 s later.
+    assert 1.0 < elapsed < 2.8, f"a hung watch took {elapsed:.2f}s to fail"
+
+
+def _openssl(*args: str | Path) -> None:
+    openssl = shutil.which("openssl")
+    assert openssl, "these tests make their certificates with the openssl command"
+    subprocess.run([openssl, *map(str, args)], check=True, capture_output=True)
+
+
+def _certificate(directory: Path, name: str, *extra: str) -> tuple[Path, Path]:
+    key, cert = directory / f"{name}.key", directory / f"{name}.crt"
+    _openssl(
+        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+        "-nodes", "-days", "1", "-subj", f"/CN={name}", "-keyout", key, "-out", cert, *extra,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.mark.integration
+async def test_inline_tls_material_is_used_from_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CA data, client certificate and key, and the token all reach the server, and
+    nothing is written where kubernetes_asyncio's loader would put them."""
+    ca_cert, ca_key = _certificate(tmp_path, "ca")
+    ca = ("-CA", str(ca_cert), "-CAkey", str(ca_key))
+    server_cert, server_key = _certificate(
+        tmp_path, "server", *ca, "-addext", "subjectAltName=IP:127.0.0.1"
+    )
+    client_cert, client_key = _certificate(tmp_path, "client", *ca)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(ca_cert))
+    server_tls.load_cert_chain(server_cert, server_key)
+    server_tls.verify_mode = ssl.CERT_REQUIRED
+    seen: list[tuple[str, str]] = []
+
+    async def version(request: web.Request) -> web.Response:
+        peer = request.transport.get_extra_info("peercert") if request.transport else None
+        subject = dict(item[0] for item in (peer or {}).get("subject", ()))
+        seen.append((request.headers.get("Authorization", ""), subject.get("commonName", "")))
+        fields = ("buildDate", "compiler", "gitCommit", "gitTreeState", "goVersion", "platform")
+        return web.json_response(
+            {"major": "1", "minor": "31", "gitVersion": "v1.31.0"} | dict.fromkeys(fields, "-")
+        )
+
+    app = web.Application()
+    app.router.add_get("/version/", version)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_tls)
+    await site.start()
+    port = runner.addresses[0][1]
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spill))
+
+    def inline(path: Path) -> str:
+        return base64.b64encode(path.read_bytes()).decode()
+
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "tls",
+                "cluster": {
+                    "server": f"https://127.0.0.1:{port}",
+                    "certificate-authority-data": inline(ca_cert),
+                },
+            }
+        ],
+        "users": [
+            {
+                "name": "tls",
+                "user": {
+                    "token": "s3cret-token",
+                    "client-certificate-data": inline(client_cert),
+                    "client-key-data": inline(client_key),
+                },
+            }
+        ],
+        "contexts": [{"name": "tls", "context": {"cluster": "tls", "user": "tls"}}],
+        "current-context": "tls",
+    }
+    try:
+        async with await kube.client_from_kubeconfig(kubeconfig=kubeconfig) as api:
+            answered = await client.VersionApi(api).get_code()
+    finally:
+        await runner.cleanup()
+    assert answered.git_version == "v1.31.0"
+    assert seen == [("Bearer s3cret-token", "client")]
+    assert list(spill.iterdir()) == []
+
+
+async def test_an_unusable_kubeconfig_is_a_config_error_without_its_secrets() -> None:
+    kubeconfig = {
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "s3cret-token"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "missing",
+    }
+    with pytest.raises(ConfigError) as caught:
+        await kube.client_from_kubeconfig(kubeconfig=kubeconfig)
+    assert "s3cret-token" not in str(caught.value)
+    bad_ca = {
+        **kubeconfig,
+        "current-context": "x",
+        "clusters": [
+            {
+                "name": "c",
+                "cluster": {"server": "https://127.0.0.1:1", "certificate-authority-data": "%%"},
+            }
+        ],
+    }
+    with pytest.raises(ConfigError, match="ca data is not base64"):
+        await kube.client_from_kubeconfig(kubeconfig=bad_ca)
+
+
+@pytest.mark.integration
+async def test_the_hub_client_follows_the_settings(kubesim_factory: Any, tmp_path: Path) -> None:
+    hub = await kubesim_factory("hub", hub=True)
+    hub.write_kubeconfig(tmp_path / "hub.yaml")
+    settings = Settings(hub_kubeconfig=tmp_path / "hub.yaml", kube_request_timeout=0.3)
+    async with await kube.hub_client(settings) as api:
+        core = client.CoreV1Api(api)
+        await core.list_namespace()
+        hub.set_latency(1500)
+        started = time.monotonic()
+        with pytest.raises(aiohttp.ServerTimeoutError):
+            await core.list_namespace()
+        hub.set_latency(0)
+    assert time.monotonic() - started < 1.2

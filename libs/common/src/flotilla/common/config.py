@@ -45,6 +45,15 @@ class Settings(BaseSettings):
         description="seconds one event's handler may run before it is cancelled and retried",
     )
     hub_kubeconfig: Path | None = None
+    kube_connect_timeout: float = Field(
+        default=5.0, gt=0, description="seconds to open a connection (TCP + TLS) to an API server"
+    )
+    kube_request_timeout: float = Field(
+        default=30.0, gt=0, description="seconds an API server may stay silent during a request"
+    )
+    kube_watch_timeout: int = Field(
+        default=300, ge=1, description="server-side timeoutSeconds of a watch that sets none"
+    )
     health_host: str = "0.0.0.0"
     health_port: int = Field(default=8080, ge=0, le=65535)
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")

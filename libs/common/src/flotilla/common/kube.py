@@ -8,9 +8,17 @@ server or kubesim. Third-party errors are translated here into the vocabulary of
 
 from __future__ import annotations
 
+import base64
+import binascii
+import copy
 import hashlib
 import json
-from collections.abc import Iterable
+import os
+import ssl
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,12 +26,13 @@ from typing import Any
 import aiohttp
 import yaml
 from kubernetes_asyncio import client, config
-from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.dynamic import DynamicClient
 from kubernetes_asyncio.dynamic.exceptions import ResourceNotFoundError
 
-from flotilla.common.errors import FlotillaError, InvalidObject, Unavailable
+from flotilla.common.config import Settings
+from flotilla.common.errors import ConfigError, FlotillaError, InvalidObject, Unavailable
 
 JsonObject = dict[str, Any]
 
@@ -32,13 +41,218 @@ JsonObject = dict[str, Any]
 CLUSTER_SCOPED_EVENT_NAMESPACE = "default"
 
 
+@dataclass(frozen=True)
+class Timeouts:
+    """How long a Kubernetes API server may take before a request counts as failed.
+
+    kubernetes_asyncio sends every request with an empty ``aiohttp.ClientTimeout()``
+    unless the call passes ``_request_timeout``, so a hung server would block its
+    caller forever. Every client built here fills in these instead:
+
+    - `connect`: opening the connection, TLS handshake included;
+    - `request`: the longest silence while waiting for or reading a response;
+    - `watch`: the server-side ``timeoutSeconds`` added to a watch that sets none.
+      A watch may legitimately stay silent until then, so its read timeout is
+      that plus `request`: a healthy watch ends on the server's side first, a
+      hung one is cut by the client.
+
+    A call that passes its own ``_request_timeout`` keeps it.
+    """
+
+    connect: float = 5.0
+    request: float = 30.0
+    watch: int = 300
+
+    @classmethod
+    def of(cls, settings: Settings) -> Timeouts:
+        return cls(
+            connect=settings.kube_connect_timeout,
+            request=settings.kube_request_timeout,
+            watch=settings.kube_watch_timeout,
+        )
+
+    def apply(
+        self, query_params: list[tuple[str, Any]] | None
+    ) -> tuple[list[tuple[str, Any]], aiohttp.ClientTimeout]:
+        """The query (with a watch's ``timeoutSeconds``) and the timeout for one request."""
+        query = list(query_params or [])
+        silence = self.request
+        if any(name == "watch" and str(value).lower() == "true" for name, value in query):
+            server_side = next((value for name, value in query if name == "timeoutSeconds"), None)
+            if server_side is None:
+                server_side = self.watch
+                query.append(("timeoutSeconds", server_side))
+            silence = float(server_side) + self.request
+        # `connect` would also count the wait for a free pooled connection; that wait
+        # is bounded anyway, since every connection in the pool has a read timeout.
+        return query, aiohttp.ClientTimeout(
+            total=None, connect=None, sock_connect=self.connect, sock_read=silence
+        )
+
+
+class _TimedApiClient(ApiClient):
+    """An ApiClient whose requests all carry `Timeouts` unless the caller set one.
+
+    `request` is the one funnel of kubernetes_asyncio's typed APIs, `call_api`,
+    the DynamicClient and `Watch`, so overriding it covers every call site.
+    """
+
+    def __init__(self, configuration: Configuration, timeouts: Timeouts) -> None:
+        super().__init__(configuration)
+        self.timeouts = timeouts
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        query_params: list[tuple[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+        post_params: Any = None,
+        body: Any = None,
+        _preload_content: bool = True,
+        _request_timeout: Any = None,
+    ) -> Any:
+        if not _request_timeout:
+            query_params, _request_timeout = self.timeouts.apply(query_params)
+        return super().request(
+            method,
+            url,
+            query_params=query_params,
+            headers=headers,
+            post_params=post_params,
+            body=body,
+            _preload_content=_preload_content,
+            _request_timeout=_request_timeout,
+        )
+
+
 async def client_from_kubeconfig(
-    path: str | Path | None = None, *, kubeconfig: JsonObject | None = None
+    path: str | Path | None = None,
+    *,
+    kubeconfig: JsonObject | None = None,
+    context: str | None = None,
+    timeouts: Timeouts | None = None,
 ) -> ApiClient:
-    """An ApiClient for a kubeconfig file or dict; the caller closes it."""
-    if kubeconfig is not None:
-        return await config.new_client_from_config_dict(kubeconfig)
-    return await config.new_client_from_config(config_file=str(path) if path else None)
+    """An ApiClient for a kubeconfig file (default ``$KUBECONFIG``, then
+    ``~/.kube/config``) or dict, with `timeouts` on every request; the caller closes it.
+
+    Bearer tokens, basic auth, exec plugins, CA and client certificates are honoured
+    as kubernetes_asyncio's loader reads them, except that inline
+    ``*-data`` certificates and keys stay in memory (the loader would copy them to
+    temporary files). A kubeconfig that cannot be used raises `ConfigError` with a
+    message that never quotes a credential.
+    """
+    base_path: str | None = None
+    if kubeconfig is None:
+        kubeconfig, base_path = _read_kubeconfig(path)
+    if not isinstance(kubeconfig, dict):
+        raise ConfigError("a kubeconfig must be a mapping")
+    configuration, material = await _configuration(kubeconfig, context, base_path)
+    with _memory_files(material) as paths:
+        configuration.ssl_ca_cert = paths.get("ca", configuration.ssl_ca_cert)
+        configuration.cert_file = paths.get("cert", configuration.cert_file)
+        configuration.key_file = paths.get("key", configuration.key_file)
+        try:
+            api = _TimedApiClient(configuration, timeouts or Timeouts())
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(
+                f"the kubeconfig's certificates cannot be loaded: {type(exc).__name__}"
+            ) from None
+        finally:
+            # The files are gone once this block ends; the SSL context already holds them.
+            for key, field in (("ca", "ssl_ca_cert"), ("cert", "cert_file"), ("key", "key_file")):
+                if key in paths:
+                    setattr(configuration, field, None)
+    return api
+
+
+async def hub_client(settings: Settings) -> ApiClient:
+    """The hub's ApiClient as a service's settings describe it (`hub_kubeconfig`, and
+    the `kube_*` timeouts); the caller closes it."""
+    return await client_from_kubeconfig(settings.hub_kubeconfig, timeouts=Timeouts.of(settings))
+
+
+def _read_kubeconfig(path: str | Path | None) -> tuple[Any, str]:
+    """The parsed file and its directory (relative certificate paths start there).
+    Read once at start-up, so reading synchronously costs nothing."""
+    source = Path(path or os.environ.get("KUBECONFIG") or "~/.kube/config").expanduser()
+    try:
+        return yaml.safe_load(source.read_text()), str(source.parent)
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read kubeconfig {source}: {type(exc).__name__}") from None
+
+
+_INLINE_MATERIAL = {
+    "clusters": ("cluster", {"certificate-authority-data": "ca"}),
+    "users": ("user", {"client-certificate-data": "cert", "client-key-data": "key"}),
+}
+
+
+async def _configuration(
+    kubeconfig: JsonObject, context: str | None, base_path: str | None
+) -> tuple[Configuration, dict[str, bytes]]:
+    """A fresh Configuration from the kubeconfig, and the active context's inline TLS
+    material (decoded) that the caller must hand to the client in memory."""
+    document = copy.deepcopy(kubeconfig)
+    inline: dict[tuple[str, str], dict[str, str]] = {}
+    for section, (inner, fields) in _INLINE_MATERIAL.items():
+        for entry in document.get(section) or []:
+            body = entry.get(inner) if isinstance(entry, dict) else None
+            if isinstance(body, dict):
+                found = {fields[k]: body.pop(k) for k in list(body) if k in fields}
+                inline[(section, str(entry.get("name")))] = found
+    configuration = Configuration()
+    try:
+        loader = config.kube_config.KubeConfigLoader(
+            document, active_context=context, config_base_path=base_path
+        )
+        await loader.load_and_set(configuration)
+        active = (loader.current_context or {})["context"]
+    except config.ConfigException as exc:
+        raise ConfigError(f"unusable kubeconfig: {exc}") from exc
+    except Exception as exc:
+        # Other failures come from malformed input whose text may quote it.
+        raise ConfigError(f"unusable kubeconfig ({type(exc).__name__})") from None
+    if not str(configuration.host).startswith("https"):
+        return configuration, {}
+    material = {
+        **inline.get(("clusters", str(active.get("cluster"))), {}),
+        **inline.get(("users", str(active.get("user"))), {}),
+    }
+    decoded: dict[str, bytes] = {}
+    for name, value in material.items():
+        try:
+            decoded[name] = base64.b64decode(str(value), validate=True)
+        except (binascii.Error, ValueError):
+            raise ConfigError(f"the kubeconfig's {name} data is not base64") from None
+    return configuration, decoded
+
+
+@contextmanager
+def _memory_files(contents: dict[str, bytes]) -> Iterator[dict[str, str]]:
+    """Paths that read back `contents` while the block runs, for APIs (``ssl``) that
+    only load certificates and keys from files.
+
+    On Linux they are anonymous memory files (``memfd``) that never reach a disk;
+    elsewhere, files in a private temporary directory removed when the block ends.
+    """
+    with ExitStack() as stack:
+        paths: dict[str, str] = {}
+        directory: str | None = None
+        for name, content in contents.items():
+            if hasattr(os, "memfd_create"):
+                fd = os.memfd_create(f"kubeconfig-{name}", os.MFD_CLOEXEC)
+                stack.callback(os.close, fd)
+                os.write(fd, content)
+                paths[name] = f"/proc/self/fd/{fd}"
+            else:
+                if directory is None:
+                    directory = stack.enter_context(tempfile.TemporaryDirectory())
+                target = Path(directory) / name
+                target.touch(mode=0o600)
+                target.write_bytes(content)
+                paths[name] = str(target)
+        yield paths
 
 
 async def install_crds(api: ApiClient, paths: Iterable[Path]) -> list[str]:

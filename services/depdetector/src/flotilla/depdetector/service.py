@@ -402,7 +402,7 @@ class DetectorSettings(Settings):
 async def setup(rt: Runtime) -> Detector:
     """Compose one replica: the hub client, the interpreters, the handlers."""
     settings = rt.settings_as(DetectorSettings)
-    api = await kube.client_from_kubeconfig(settings.hub_kubeconfig)
+    api = await kube.hub_client(settings)
     rt.on_close(api.close)  # after the consumer has drained its in-flight handlers
     dyn = await DynamicClient(api)
     detector = Detector(rt.bus, api, dyn)

@@ -678,7 +678,7 @@ async def setup(rt: Runtime) -> Scheduler:
     rt.on_close(cache.aclose)
     reporter: Reporter | None = None
     if settings.hub_kubeconfig is not None:
-        hub = await kube.client_from_kubeconfig(settings.hub_kubeconfig)
+        hub = await kube.hub_client(settings)
         rt.on_close(hub.close)
         reporter = kube.EventRecorder(hub, "flotilla-scheduler")
     else:

@@ -381,7 +381,7 @@ async def setup(rt: Runtime) -> Watcher:
     settings = rt.settings_as(WatcherSettings)
     if not isinstance(rt.bus, Bus):
         raise ConfigError("the watcher keeps its positions and records in JetStream KV")
-    api = await kube.client_from_kubeconfig(settings.hub_kubeconfig)
+    api = await kube.hub_client(settings)
     rt.on_close(api.close)
     dyn = await DynamicClient(api)
     state = await WatchState.open(rt.bus)
