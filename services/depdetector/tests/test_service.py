@@ -18,14 +18,13 @@ from nats.aio.msg import Msg
 
 from flotilla.common import events, kube
 from flotilla.common.api import DEPENDENCIES_ANNOTATION, STRATEGY_ANNOTATION, GroupVersionKind
+from flotilla.common.builders import FLINK_INTERPRETER, container, manifest, pod_spec, template
 from flotilla.common.bus import Bus
 from flotilla.common.infra import NatsServer
 from flotilla.common.service import Runtime
 from flotilla.common.testing import CRD_DIR, eventually, schemaless_crd, service_settings
 from flotilla.depdetector import service
 from flotilla.kubesim.server import KubeSim
-
-from .builders import FLINK_INTERPRETER, container, manifest, pod_spec, template
 
 pytestmark = pytest.mark.integration
 

@@ -136,8 +136,9 @@ JsonObject = dict[str, Any]
 
 
 class Reporter(Protocol):
-    """Where users hear about objects that cannot be placed (Kubernetes Events on the
-    hub object in production: `flotilla.common.kube.EventRecorder`)."""
+    """Where users hear about objects that cannot be placed and Clusters that cannot
+    be read (Kubernetes Events on the hub object in production:
+    `flotilla.common.kube.EventRecorder`)."""
 
     async def warning(self, obj: JsonObject, reason: str, message: str) -> None: ...
 
@@ -335,6 +336,7 @@ class Scheduler:
             try:
                 new = api.parse_as(api.Cluster, observed.object)
             except api.InvalidObjectError as error:
+                await self._warn(observed.object, "InvalidCluster", str(error))
                 raise InvalidObject(str(error), reason="InvalidCluster") from error
         stored = await self.clusters_store.get(name)
         old_record: ClusterRecord | None = stored[0] if stored else None
@@ -417,10 +419,7 @@ class Scheduler:
         self, key: str, analyzed: ResourceAnalyzed, cause: Cause, *, reschedule: bool = False
     ) -> None:
         """Decide `key`, record it by compare-and-set, reserve, publish (module docstring)."""
-        try:
-            policy = state.policy_of(analyzed.policy_spec)
-        except ValueError as error:
-            raise InvalidObject(f"{key}: {error}", reason="InvalidPolicy") from error
+        policy = analyzed.policy_spec
         await self.index_ready()
         entry = self.index.get(key)
         stored: tuple[PlacementRecord, int] | None = (
@@ -547,10 +546,18 @@ class Scheduler:
             reason = PARTIALLY_SCHEDULED_REASON
         else:
             return
+        await self._warn(analyzed.object, reason, record.decided.reason)
+
+    async def _warn(self, obj: JsonObject, reason: str, message: str) -> None:
+        """A Warning Event on `obj`, best effort: a hub that does not answer must not
+        hold placements back or keep a bad message from being dead-lettered."""
+        if self.reporter is None:
+            return
         try:
-            await self.reporter.warning(analyzed.object, reason, record.decided.reason)
+            await self.reporter.warning(obj, reason, message)
         except FlotillaError as error:
-            log.warning("could not report %s for %s: %s", reason, record.key, error)
+            name = (obj.get("metadata") or {}).get("name")
+            log.warning("could not report %s for %s %s: %s", reason, obj.get("kind"), name, error)
 
     async def _publish(self, record: PlacementRecord) -> None:
         await self.bus.publish(

@@ -5,24 +5,23 @@ from typing import Any
 
 import pytest
 
+from flotilla.common import interpreters
 from flotilla.common.api import GroupVersionKind, Strategy
-from flotilla.depdetector import interpreters
-from flotilla.depdetector.interpreters import (
-    Component,
-    DuplicateInterpreterError,
-    Follow,
-    InterpretationError,
-    InvalidInterpreterError,
-    Registry,
-)
-
-from .builders import (
+from flotilla.common.builders import (
     FLINK_INTERPRETER,
     container,
     manifest,
     pod_spec,
     resource_interpreter,
     template,
+)
+from flotilla.common.interpreters import (
+    Component,
+    DuplicateInterpreterError,
+    Follow,
+    InterpretationError,
+    InvalidInterpreterError,
+    Registry,
 )
 
 GI = 2**30
@@ -95,7 +94,6 @@ def test_default_strategy(
 ) -> None:
     interpretation = registry.interpret(manifest(api_version, kind, {}))
     assert interpretation.strategy is strategy
-    assert not interpretation.strategy_from_annotation
 
 
 @pytest.mark.parametrize(
@@ -110,7 +108,6 @@ def test_strategy_annotation_overrides(registry: Registry, annotation: str, expe
     obj = deployment(annotations={"flotilla.io/strategy": annotation})
     interpretation = registry.interpret(obj)
     assert interpretation.strategy is expected
-    assert interpretation.strategy_from_annotation
 
 
 def test_unknown_strategy_annotation_is_rejected_with_the_choices(registry: Registry) -> None:
