@@ -284,8 +284,7 @@ async def test_label_change_reevaluates_objects_whose_selector_mentions_it(
 ) -> None:
     await harness.cluster(small("a", "4", {"region": "eu", "tier": "gold"}))
     await harness.cluster(small("b", "4", {"region": "us", "tier": "gold"}))
-    eu = make_deployment("eu", replicas=1).build()
-    eu = eu.model_copy(update={"policy_spec": make_policy().selecting(region="eu").spec})
+    eu = make_deployment("eu", replicas=1).governed_by(make_policy().selecting(region="eu")).build()
     free = make_deployment("free", replicas=1).build()
     await harness.analyzed(eu)
     await harness.analyzed(free)
