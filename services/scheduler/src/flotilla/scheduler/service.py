@@ -11,7 +11,9 @@ Handlers (one `ConsumerSpec`, partitioned, so one key's events arrive in order):
   deciding the objects right here would break their per-key order and race their
   partition owners; the command goes through the bus under each object's key
   instead, and is handled in that object's order. Its id is derived from the
-  cluster revision, so a redelivered cluster event sends nothing new.
+  cluster revision, so a redelivered cluster event sends nothing new. A Cluster
+  Flotilla cannot read gets an ``InvalidCluster`` Warning Event and is
+  dead-lettered. (Policies arrive validated: the watcher refuses invalid ones.)
 * ``CapacityChanged`` — when a cluster has more room than this replica last saw,
   send ``RescheduleRequested`` to the Pending objects.
 
