@@ -357,9 +357,7 @@ async def _service_run(
         for i in range(objects):
             obj, policy, _ = make_object(i, rng, names)
             if policy is not None:
-                obj = obj.model_copy(
-                    update={"policy_spec": policy.model_dump(mode="json", by_alias=True)}
-                )
+                obj = obj.model_copy(update={"policy_spec": policy})
             batch.append(envelope(obj, key=obj.ref.key, producer="bench", revision=1))
         started = time.perf_counter()
         await bus.publish_batch(batch)

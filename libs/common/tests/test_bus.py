@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -200,6 +201,36 @@ async def test_poison_bytes_are_dead_lettered_and_others_flow(
     assert letters[0].reason == "InvalidEvent"
     assert "not a valid Flotilla event" in letters[0].error
     assert letters[0].data == b"{not json"
+
+
+async def test_an_incompatible_version_is_dead_lettered_naming_both_and_newer_fields_flow(
+    nats_server: NatsServer, unique: str
+) -> None:
+    """A rolling upgrade: an upgraded producer's event that only added a field is
+    handled; one of a version this consumer cannot read is dead-lettered, saying so."""
+    handled: list[int] = []
+
+    async def handler(event: events.Envelope) -> None:
+        handled.append(seq_of(event))
+
+    def from_newer_producer(seq: int, **payload: object) -> bytes:
+        wire = json.loads(events.encode(observed("c", seq)))
+        wire["payload"].update(payload)
+        return json.dumps(wire).encode()
+
+    async with connected(nats_server, f"versions{unique}") as bus, consuming(bus, handler):
+        subject = bus.topology.event_subject("ResourceObserved", "c")
+        headers = {busmod.KEY_HEADER: "c"}
+        await bus.js.publish(subject, from_newer_producer(1, version=2), headers=headers)
+        await bus.js.publish(subject, from_newer_producer(2, shard="eu-1"), headers=headers)
+        await eventually(lambda: handled == [2])
+        letters: list[busmod.DeadLetter] = await eventually(bus.dead_letters, what="a dead letter")
+    assert [letter.reason for letter in letters] == ["InvalidEvent"]
+    assert letters[0].error == (
+        "ResourceObserved version 2 is not supported: "
+        "this consumer reads ResourceObserved version 1"
+    )
+    assert json.loads(letters[0].data)["payload"]["version"] == 2
 
 
 async def test_retries_exhausted_go_to_the_dead_letter_stream(

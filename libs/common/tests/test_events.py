@@ -2,9 +2,11 @@ import json
 from datetime import UTC, datetime
 
 import pytest
+from pydantic import ValidationError
 
-from flotilla.common import events
+from flotilla.common import api, events
 from flotilla.common.errors import InvalidEvent
+from flotilla.common.interpreters import Follow, Registry
 
 REF = events.ObjectRef(api_version="apps/v1", kind="Deployment", name="web", namespace="default")
 
@@ -13,7 +15,7 @@ def analyzed(**overrides: object) -> events.Envelope:
     payload = events.ResourceAnalyzed(
         ref=REF,
         object={"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"}},
-        strategy=events.Strategy.SPLIT,
+        strategy=api.Strategy.SPLIT,
         replicas=3,
         requests={"cpu": 250, "memory": 2**27},
         dependencies=[events.Dependency(api_version="v1", kind="ConfigMap", name="cfg")],
@@ -62,27 +64,138 @@ def test_object_ref_key_and_of() -> None:
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda w: w["payload"].__setitem__("type", "Bogus"), "payload"),
-        (lambda w: w.__setitem__("schema_version", 2), "schema_version"),
-        (lambda w: w.__setitem__("surprise", 1), "surprise"),
-        (lambda w: w["payload"].__setitem__("replicas", -1), "replicas"),
-        (lambda w: w.pop("key"), "key"),
-        (lambda w: w["payload"].__setitem__("strategy", "scatter"), "strategy"),
-    ],
-    ids=[
-        "unknown-type",
-        "future-schema",
-        "unknown-field",
-        "negative-replicas",
-        "no-key",
-        "strategy",
+        pytest.param(
+            lambda w: w["payload"].__setitem__("replicas", -1), "replicas", id="negative-replicas"
+        ),
+        pytest.param(
+            lambda w: w["payload"].__setitem__("replicas", "three"), "replicas", id="wrong-type"
+        ),
+        pytest.param(lambda w: w.pop("key"), "key", id="no-key"),
+        pytest.param(
+            lambda w: w["payload"].__setitem__("strategy", "scatter"), "strategy", id="strategy"
+        ),
+        pytest.param(
+            lambda w: w["payload"]["policy_spec"].__setitem__("maxClusters", 0),
+            r"policy_spec\.maxClusters: .*maxClusters must be 1 or more",
+            id="invalid-policy",
+        ),
+        pytest.param(
+            lambda w: w["payload"]["follows"][0].__setitem__("pod_labels", "app=web"),
+            "follows",
+            id="wrong-type-deep-down",
+        ),
     ],
 )
 def test_malformed_events_are_rejected_whole(mutate: object, message: str) -> None:
-    wire = json.loads(events.encode(analyzed()))
+    wire = json.loads(events.encode(governed()))
     mutate(wire)  # type: ignore[operator]
     with pytest.raises(InvalidEvent, match=message):
         events.decode(json.dumps(wire).encode())
+
+
+def governed() -> events.Envelope:
+    """An analysis with every optional part set: policy, interpreter, follows."""
+    base = analyzed()
+    assert isinstance(base.payload, events.ResourceAnalyzed)
+    payload = base.payload.model_copy(
+        update={
+            "policy": events.PolicyRef(kind="PlacementPolicy", name="p", namespace="default"),
+            "policy_spec": api.PlacementPolicySpec.model_validate(
+                {
+                    "resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment"}],
+                    "strategy": "copy",
+                    "maxClusters": 2,
+                }
+            ),
+            "interpreter": Registry.with_builtins()
+            .lookup(api.GroupVersionKind("apps", "v1", "Deployment"))
+            .spec,
+            "follows": [Follow(namespace="default", pod_labels={"app": "web"})],
+        }
+    )
+    return base.model_copy(update={"payload": payload})
+
+
+def test_typed_policy_interpreter_and_follows_round_trip() -> None:
+    event = governed()
+    decoded = events.decode(events.encode(event))
+    assert decoded == event
+    assert isinstance(decoded.payload, events.ResourceAnalyzed)
+    assert decoded.payload.policy_spec is not None
+    assert decoded.payload.policy_spec.strategy is api.Strategy.COPY
+    assert decoded.payload.default_strategy is api.Strategy.SPLIT
+    interpreter = decoded.payload.interpreter
+    assert interpreter is not None and interpreter.replicas is not None
+    assert interpreter.replicas.path == ".spec.replicas"
+    assert [r.path for r in interpreter.status_aggregation][:1] == [".status.replicas"]
+
+
+def test_a_newer_producers_added_optional_fields_are_ignored_at_every_depth() -> None:
+    """A replica of the previous release reads what an upgraded producer sends."""
+    event = governed()
+    wire = json.loads(events.encode(event))
+    wire["sent_by_region"] = "eu"
+    wire["payload"]["priority_class"] = "high"
+    wire["payload"]["ref"]["uid"] = "u-1"
+    wire["payload"]["dependencies"][0]["optional"] = True
+    wire["payload"]["policy_spec"]["budget"] = {"maxUnavailable": 1}
+    wire["payload"]["interpreter"]["health"] = {"path": ".status.ready"}
+    wire["payload"]["follows"][0]["weight"] = 3
+    assert events.decode(json.dumps(wire).encode()) == event
+
+
+def test_an_event_from_before_payload_versions_is_version_1() -> None:
+    wire = json.loads(events.encode(analyzed()))
+    del wire["payload"]["version"]
+    decoded = events.decode(json.dumps(wire).encode())
+    assert decoded.payload.version == events.ResourceAnalyzed.VERSION == 1
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        pytest.param(
+            lambda w: w.__setitem__("schema_version", 2),
+            "envelope schema version 2 is not supported: this consumer reads envelope version 1",
+            id="newer-envelope",
+        ),
+        pytest.param(
+            lambda w: w["payload"].__setitem__("version", 2),
+            "ResourceAnalyzed version 2 is not supported: "
+            "this consumer reads ResourceAnalyzed version 1",
+            id="newer-payload",
+        ),
+        pytest.param(
+            lambda w: w["payload"].update(version=3, replicas={"min": 1, "max": 3}),
+            "ResourceAnalyzed version 3 is not supported: "
+            "this consumer reads ResourceAnalyzed version 1",
+            id="newer-payload-that-also-fails-validation",
+        ),
+        pytest.param(
+            lambda w: w["payload"].update(type="WorkloadMigrated", version=1),
+            "unknown event type 'WorkloadMigrated' \\(version 1\\): this consumer reads "
+            "ResourceObserved, ",
+            id="unknown-type",
+        ),
+    ],
+)
+def test_an_incompatible_version_is_refused_naming_both_versions(
+    mutate: object, message: str
+) -> None:
+    wire = json.loads(events.encode(analyzed()))
+    mutate(wire)  # type: ignore[operator]
+    with pytest.raises(InvalidEvent, match=f"^{message}"):
+        events.decode(json.dumps(wire).encode())
+
+
+def test_what_we_produce_never_carries_an_unknown_field() -> None:
+    with pytest.raises(ValidationError, match="surprise"):
+        events.ResourceAnalyzed.model_validate({**analyzed().payload.model_dump(), "surprise": 1})
+    with pytest.raises(ValidationError, match="surprise"):
+        Follow.model_validate({"name": "web", "surprise": 1})
+    wire = json.loads(events.encode(governed()))
+    assert set(wire["payload"]) == set(events.ResourceAnalyzed.model_fields)
+    assert wire["payload"]["version"] == 1
 
 
 @pytest.mark.parametrize("data", [b"", b"not json", b"[]", b"{}"], ids=repr)

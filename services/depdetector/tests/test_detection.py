@@ -7,10 +7,9 @@ from typing import Any
 import pytest
 
 from flotilla.common.api import DependencyEntry
+from flotilla.common.builders import manifest, resource_interpreter
+from flotilla.common.interpreters import Registry
 from flotilla.depdetector import detection
-from flotilla.depdetector.interpreters import Registry
-
-from .builders import manifest, resource_interpreter
 
 # --- builders -----------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from nats.aio.msg import Msg
 
 from flotilla.common import events, kube
 from flotilla.common.api import DEPENDENCIES_ANNOTATION, STRATEGY_ANNOTATION, GroupVersionKind
+from flotilla.common.builders import FLINK_INTERPRETER, container, manifest, pod_spec, template
 from flotilla.common.dispatch import EventBus
 from flotilla.common.infra import NatsServer
 from flotilla.common.service import started
@@ -30,8 +31,6 @@ from flotilla.common.testing import (
 )
 from flotilla.depdetector import service
 from flotilla.kubesim.server import KubeSim
-
-from .builders import FLINK_INTERPRETER, container, manifest, pod_spec, template
 
 pytestmark = pytest.mark.integration
 

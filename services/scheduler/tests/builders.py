@@ -26,6 +26,7 @@ from flotilla.common.events import (
     ObjectRef,
     ResourceAnalyzed,
 )
+from flotilla.common.interpreters import Registry
 from flotilla.scheduler.model import Fleet, SchedulingInput
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -177,6 +178,8 @@ class ObjectBuilder:
         self.uid = f"uid-{name}"
         self.annotations: dict[str, str] = {}
         self.is_deleted = False
+        self.policy: api.PlacementPolicySpec | None = None
+        self.interpreter: api.ResourceInterpreterSpec | None = None
 
     def with_requests(self, **requests: str | int) -> ObjectBuilder:
         self.requests = units(requests)
@@ -208,6 +211,18 @@ class ObjectBuilder:
         self.is_deleted = True
         return self
 
+    def governed_by(self, policy: PolicyBuilder) -> ObjectBuilder:
+        self.policy = policy.build()
+        return self
+
+    def detected_as(self, strategy: Strategy) -> ObjectBuilder:
+        """As the dependency detector sends it: `strategy` is the effective one, and
+        the event carries the built-in interpreter of the kind (its default)."""
+        gvk = api.GroupVersionKind.from_api_version(self.ref.api_version, self.ref.kind)
+        self.interpreter = Registry.with_builtins().lookup(gvk).spec
+        self.strategy = strategy
+        return self
+
     def build(self) -> ResourceAnalyzed:
         metadata: dict[str, Any] = {
             "name": self.ref.name,
@@ -230,6 +245,8 @@ class ObjectBuilder:
             requests=self.requests,
             components=self.components,
             dependencies=self.dependencies,
+            policy_spec=self.policy,
+            interpreter=self.interpreter,
         )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from flotilla.common import events
+from flotilla.common.api import STRATEGY_ANNOTATION, Strategy
 from flotilla.common.bus import Bus
 from flotilla.common.capacity import FakeCapacityCache
 from flotilla.common.dispatch import Received
@@ -285,8 +286,7 @@ async def test_label_change_reevaluates_objects_whose_selector_mentions_it(
 ) -> None:
     await harness.cluster(small("a", "4", {"region": "eu", "tier": "gold"}))
     await harness.cluster(small("b", "4", {"region": "us", "tier": "gold"}))
-    eu = make_deployment("eu", replicas=1).build()
-    eu = eu.model_copy(update={"policy_spec": make_policy().selecting(region="eu").spec})
+    eu = make_deployment("eu", replicas=1).governed_by(make_policy().selecting(region="eu")).build()
     free = make_deployment("free", replicas=1).build()
     await harness.analyzed(eu)
     await harness.analyzed(free)
@@ -362,11 +362,37 @@ async def test_removed_cluster_moves_its_objects(harness: Harness) -> None:
     assert [p.cluster for p in record.clusters] == ["b"]
 
 
-async def test_invalid_policy_is_permanent(harness: Harness) -> None:
+async def test_an_invalid_cluster_is_refused_as_the_users_to_fix(harness: Harness) -> None:
+    """(The kit turns the refusal into a dead letter and a Warning Event on the Cluster:
+    `test_setup.py` checks that through the composed service.)"""
+    body = small("bad", "4").build().model_dump(mode="json", by_alias=True)
+    body["spec"]["taints"] = [{"key": "gpu", "effect": "Sometimes"}]
+    invalid = ClusterObserved(cluster="bad", object=body)
+    with pytest.raises(InvalidObject, match=r"spec\.taints\[0\]\.effect") as raised:
+        await harness.handle(events.envelope(invalid, key="bad", producer="test", revision=1))
+    assert raised.value.reason == "InvalidCluster"
+    assert harness.scheduler.clusters.get("bad") is None
+
+
+async def test_annotation_any_over_a_copy_policy_places_on_one_cluster(harness: Harness) -> None:
     await harness.cluster(small("a", "4"))
-    bad = make_deployment("bad").build().model_copy(update={"policy_spec": {"maxClusters": 1}})
-    with pytest.raises(InvalidObject, match="resourceSelectors"):
-        await harness.analyzed(bad)
+    await harness.cluster(small("b", "4"))
+    web = (
+        make_deployment("web", replicas=2)
+        .with_annotation(STRATEGY_ANNOTATION, "any")
+        .governed_by(make_policy().strategy("copy"))
+        .detected_as(Strategy.ANY)
+        .build()
+    )
+    await harness.analyzed(web)
+    record = await harness.record(web.ref.key)
+    assert list(harness.active(record).values()) == [2], "one cluster runs every replica"
+    assert harness.scheduler.index.copies() == set()
+
+    # A new cluster is a reason to extend a copy, not to move an `any` object.
+    await harness.cluster(small("c", "4"))
+    assert await harness.run_requests() == []
+    assert harness.active(await harness.record(web.ref.key)) == harness.active(record)
 
 
 async def test_lost_compare_and_set_redecides_from_the_winner(

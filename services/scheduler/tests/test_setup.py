@@ -1,10 +1,9 @@
 """The composed scheduler (`service.setup`) with real NATS, Redis and a kubesim hub:
-an object nothing can take is reported on the hub as a Warning Event."""
+an object nothing can take, and a Cluster it cannot read (dead-lettered by the kit),
+are reported on the hub as Warning Events."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +12,10 @@ from kubernetes_asyncio import client as k8s
 
 from flotilla.common import events, kube
 from flotilla.common.api import Strategy
-from flotilla.common.events import ObjectRef, ResourceAnalyzed
+from flotilla.common.events import ClusterObserved, ObjectRef, ResourceAnalyzed
 from flotilla.common.infra import NatsServer, RedisServer
 from flotilla.common.service import started
+from flotilla.common.testing import eventually
 from flotilla.scheduler.service import SchedulerSettings, setup
 
 pytestmark = pytest.mark.integration
@@ -52,20 +52,34 @@ async def test_unschedulable_object_gets_a_warning_event_on_the_hub(
     analyzed = ResourceAnalyzed(
         ref=ref, object=obj, strategy=Strategy.SPLIT, replicas=3, requests={"cpu": 500}
     )
+    cluster = ClusterObserved(
+        cluster="bad",
+        object={
+            "apiVersion": "flotilla.io/v1alpha1",
+            "kind": "Cluster",
+            "metadata": {"name": "bad"},
+            "spec": {"taints": [{"key": "gpu", "effect": "Sometimes"}]},
+        },
+    )
     async with started(settings, setup) as scheduler:
-        await scheduler.runtime.bus.publish(
+        bus = scheduler.runtime.bus
+        await bus.publish(
             events.envelope(analyzed, key=ref.key, producer="test", uid="u-web", revision=1)
         )
+        await bus.publish(events.envelope(cluster, key="bad", producer="test", revision=1))
         async with await kube.client_from_kubeconfig(kubeconfig) as api:
             core = k8s.CoreV1Api(api)
-            deadline = time.monotonic() + 20
-            while True:
+
+            async def warnings() -> dict[str, Any]:
                 listed = await core.list_namespaced_event("default")
-                found = [e for e in listed.items if e.reason == "Unschedulable"]
-                if found:
-                    break
-                assert time.monotonic() < deadline, "no Unschedulable event on the hub"
-                await asyncio.sleep(0.1)
-    assert found[0].type == "Warning"
-    assert found[0].involved_object.name == "web"
-    assert found[0].message
+                found = {e.reason: e for e in listed.items if e.type == "Warning"}
+                return found if {"Unschedulable", "InvalidCluster"} <= found.keys() else {}
+
+            found = await eventually(warnings, timeout=20, what="both Warning Events")
+        letters = await bus.dead_letters()
+    assert found["Unschedulable"].involved_object.name == "web"
+    assert found["Unschedulable"].message
+    invalid = found["InvalidCluster"]
+    assert (invalid.involved_object.kind, invalid.involved_object.name) == ("Cluster", "bad")
+    assert "spec.taints[0].effect" in invalid.message
+    assert [letter.reason for letter in letters] == ["InvalidObject"]

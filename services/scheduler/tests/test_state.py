@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from flotilla.common import api
-from flotilla.common.api import PlacementState
+from flotilla.common.api import STRATEGY_ANNOTATION, PlacementState, Strategy
 from flotilla.common.events import ClusterPlacement, PlacementDecided, ResourceAnalyzed
 from flotilla.scheduler import records, state
 from flotilla.scheduler.records import PlacementRecord
@@ -15,6 +15,7 @@ from flotilla.scheduler.records import PlacementRecord
 from .builders import (
     NOW,
     ClusterBuilder,
+    ObjectBuilder,
     make_cluster,
     make_configmap,
     make_daemonset,
@@ -123,14 +124,10 @@ def placed(
     )
 
 
-def with_policy(analyzed: ResourceAnalyzed, spec: dict[str, object]) -> ResourceAnalyzed:
-    return analyzed.model_copy(update={"policy_spec": spec})
-
-
 def test_index_answers_each_kind_of_change() -> None:
     index = state.Index()
-    web = with_policy(make_deployment("web").build(), make_policy().selecting(region="eu").spec)
-    api_ = with_policy(make_deployment("api").build(), make_policy().spread("zone", 2).spec)
+    web = make_deployment("web").governed_by(make_policy().selecting(region="eu")).build()
+    api_ = make_deployment("api").governed_by(make_policy().spread("zone", 2)).build()
     stuck = make_deployment("stuck").build()
     agent = make_daemonset("agent").build()
     index.apply(web.ref.key, placed(web, "c1"), 1)
@@ -212,11 +209,44 @@ def test_capacity_grew(before: dict[str, int] | None, after: dict[str, int], gre
     assert state.capacity_grew(before, after) is grew
 
 
-def test_invalid_policy_is_a_readable_value_error() -> None:
-    with pytest.raises(ValueError, match="invalid placement policy: maxClusters"):
-        state.policy_of(
-            {"resourceSelectors": [{"apiVersion": "v1", "kind": "Pod"}], "maxClusters": "x"}
-        )
+@pytest.mark.parametrize(
+    ("obj", "copies"),
+    [
+        pytest.param(make_daemonset("agent").detected_as(Strategy.COPY), True, id="type-default"),
+        pytest.param(
+            make_deployment("web")
+            .governed_by(make_policy().strategy("copy"))
+            .detected_as(Strategy.COPY),
+            True,
+            id="policy-copy",
+        ),
+        pytest.param(
+            make_deployment("web")
+            .with_annotation(STRATEGY_ANNOTATION, "any")
+            .governed_by(make_policy().strategy("copy"))
+            .detected_as(Strategy.ANY),
+            False,
+            id="annotation-any-over-policy-copy",
+        ),
+        pytest.param(
+            make_daemonset("agent")
+            .with_annotation(STRATEGY_ANNOTATION, "split")
+            .detected_as(Strategy.SPLIT),
+            False,
+            id="annotation-split-over-type-copy",
+        ),
+    ],
+)
+def test_the_index_counts_copies_by_the_effective_strategy(
+    obj: ObjectBuilder, copies: bool
+) -> None:
+    index = state.Index()
+    analyzed = obj.build()
+    index.apply(analyzed.ref.key, placed(analyzed, "c1"), 1)
+    assert (index.copies() == {analyzed.ref.key}) is copies
+
+
+def test_label_keys_of_a_policy() -> None:
     assert state.label_keys(None) == frozenset()
     assert state.label_keys(
         api.PlacementPolicySpec.model_validate(

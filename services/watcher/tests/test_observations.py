@@ -154,7 +154,7 @@ def test_published_object_carries_the_winning_policy_and_its_spec() -> None:
     payload = change.payload
     assert isinstance(payload, events.ResourceObserved)
     assert payload.policy == events.PolicyRef(kind="PlacementPolicy", name="shop", namespace="shop")
-    assert payload.policy_spec is not None and payload.policy_spec["maxClusters"] == 2
+    assert payload.policy_spec is not None and payload.policy_spec.max_clusters == 2
     assert (change.key, change.uid, change.generation, change.revision) == (
         "apps/v1/Deployment/shop/web",
         "uid-1",
@@ -214,7 +214,7 @@ def test_deletion_of_a_published_object_names_its_policy() -> None:
     assert isinstance(change.payload, events.ResourceObserved)
     assert change.payload.deleted and change.payload.policy == before.policy
     assert change.payload.policy_spec is not None
-    assert change.payload.policy_spec["maxClusters"] == 3
+    assert change.payload.policy_spec.max_clusters == 3
     assert change.payload.object["metadata"]["name"] == "web"
     # The policy went first: the deletion still names it, without a spec.
     orphan = observations.resource_deleted(deployment(), before, 31, [])

@@ -135,11 +135,12 @@ async def test_policy_edits_republish_and_unselected_objects_are_released(
         await h.create(config_map("ignored"))
         synced = await h.create(config_map("synced", sync="yes"))
         first = (await eventually(lambda: h.observed("synced")))[0]
-        assert first.policy_spec is not None and "maxClusters" not in first.policy_spec
+        assert first.policy_spec is not None and first.policy_spec.max_clusters is None
 
         await h.patch(cpp, {"spec": {"maxClusters": 2}})
         await eventually(lambda: len(h.observed("synced")) == 2)
-        assert h.observed("synced")[1].policy_spec["maxClusters"] == 2  # type: ignore[index]
+        second = h.observed("synced")[1].policy_spec
+        assert second is not None and second.max_clusters == 2
 
         await h.patch(synced, {"metadata": {"labels": {"sync": "no"}}})
         await eventually(lambda: len(h.observed("synced")) == 3)

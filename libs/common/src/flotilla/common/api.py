@@ -19,9 +19,11 @@ turns pydantic's errors into an `InvalidObjectError` that names the field as a
 dotted path (``spec.weights[0].weight``) and says what to change.
 
 Path strings in a ``ResourceInterpreter`` (``.spec.replicas``) are only checked for
-their outer shape here; the path language itself belongs to the dependency
-detector, which compiles (and so fully validates) them when it registers an
-interpreter.
+their outer shape here; the path language itself is `flotilla.common.paths`, and
+`flotilla.common.interpreters` compiles (and so fully validates) them.
+
+`effective_strategy` is the one place the strategy of an object is decided from
+its annotation, its policy and its type's default; every service calls it.
 """
 
 from __future__ import annotations
@@ -184,7 +186,7 @@ def _check_path(value: str) -> str:
 
 
 Path: TypeAlias = Annotated[str, BeforeValidator(_check_path)]
-"""A path in the detector's path language, e.g. ``.spec.template``; ``.`` is the object."""
+"""A path in `flotilla.common.paths`' language, e.g. ``.spec.template``; ``.`` is the object."""
 
 
 class _Spec(BaseModel):
@@ -428,6 +430,26 @@ class PlacementPolicySpec(_Spec):
         if self.split_by is SplitBy.WEIGHTS and not self.weights:
             raise ValueError("splitBy: weights needs at least one entry in weights")
         return self
+
+
+def effective_strategy(
+    obj: Mapping[str, Any], policy: PlacementPolicySpec | None, default: Strategy
+) -> Strategy:
+    """The strategy an object is placed with: its ``flotilla.io/strategy`` annotation,
+    else its policy's ``strategy``, else ``default`` (its type's interpreter's).
+
+    An annotation that names no strategy is a `ValueError` naming the annotation and
+    the valid names; it never falls through to the policy, because the user asked
+    for something specific and must hear that it was not understood.
+    """
+    metadata = obj.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    override = annotations.get(STRATEGY_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if override is not None:
+        return parse_strategy(str(override), source=f"annotation {STRATEGY_ANNOTATION}")
+    if policy is not None and policy.strategy is not None:
+        return policy.strategy
+    return default
 
 
 # --- ResourceInterpreter ------------------------------------------------------------

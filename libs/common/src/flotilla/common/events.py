@@ -8,27 +8,41 @@ ARCHITECTURE.md, principle 1).
 
 Names follow the house rule: events are past tense (`PlacementDecided`), commands
 imperative (`RescheduleRequested` is the one command, phrased as the request that
-was made). The schema is versioned by `schema_version`; a consumer rejects a
-version it does not know instead of guessing.
+was made).
 
-Decoding is strict: unknown fields, unknown event types or a wrong schema
-version raise `InvalidEvent` with every problem listed, never a half-parsed model.
+**Versions and rolling upgrades.** The envelope has its own ``schema_version``
+and every payload type its own ``version`` (`Payload.VERSION`), so one event type
+can change incompatibly without touching the others. Within a version, changes
+only *add optional fields*; decoding ignores fields it does not know (at every
+depth), so a replica still running the previous release consumes what a newer
+producer sends. A version this code does not read (an incompatible change, or an
+event type it has never heard of) raises `InvalidEvent` naming both versions, and
+the bus dead-letters the message with that message as the reason.
+
+Strict where it protects us: wrong types and values are still rejected whole,
+with every problem listed, never a half-parsed model; and models built in this
+process forbid unknown fields, so what we *produce* never carries one. Policy and
+interpreter specs travel as the validated `flotilla.common.api` models: the
+watcher validates a policy once, at the edge, and consumers use the typed spec.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import typing
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from flotilla.common.api import PlacementPolicySpec, ResourceInterpreterSpec, Strategy
 from flotilla.common.api import PlacementState as WorkState
-from flotilla.common.api import Strategy
 from flotilla.common.errors import InvalidEvent
+from flotilla.common.interpreters import Follow
 
 SCHEMA_VERSION = 1
+"""The envelope's version; each payload type has its own (`Payload.VERSION`)."""
 
 
 JsonObject = dict[str, Any]
@@ -96,7 +110,21 @@ class ClusterPlacement(_Model):
 # --- payloads -------------------------------------------------------------------
 
 
-class ResourceObserved(_Model):
+class Payload(_Model):
+    """Base of every event payload: its type name and the version of its schema.
+
+    Bump `VERSION` only for an incompatible change (a field removed, renamed,
+    retyped or made required), together with the default of ``version``; adding an
+    optional field keeps the version. An event without ``version`` is version 1,
+    what producers sent before payloads were versioned.
+    """
+
+    VERSION: ClassVar[int] = 1
+
+    version: int = Field(default=1, ge=1)
+
+
+class ResourceObserved(Payload):
     """The watcher saw a user object (selected by a policy) change in the hub."""
 
     type: Literal["ResourceObserved"] = "ResourceObserved"
@@ -104,7 +132,7 @@ class ResourceObserved(_Model):
     object: JsonObject
     deleted: bool = False
     policy: PolicyRef | None = None
-    policy_spec: JsonObject | None = None
+    policy_spec: PlacementPolicySpec | None = None
     interpreter: JsonObject | None = Field(
         default=None,
         description="the hub's ResourceInterpreter for this object's type, if one is "
@@ -113,7 +141,7 @@ class ResourceObserved(_Model):
     )
 
 
-class ClusterObserved(_Model):
+class ClusterObserved(Payload):
     """The watcher saw a `Cluster` object change (spec, labels, status)."""
 
     type: Literal["ClusterObserved"] = "ClusterObserved"
@@ -122,7 +150,7 @@ class ClusterObserved(_Model):
     deleted: bool = False
 
 
-class ConfigChanged(_Model):
+class ConfigChanged(Payload):
     """A policy, interpreter or transformation changed in the hub."""
 
     type: Literal["ConfigChanged"] = "ConfigChanged"
@@ -131,7 +159,7 @@ class ConfigChanged(_Model):
     deleted: bool = False
 
 
-class ResourceAnalyzed(_Model):
+class ResourceAnalyzed(Payload):
     """The dependency detector interpreted an object and listed what it needs."""
 
     type: Literal["ResourceAnalyzed"] = "ResourceAnalyzed"
@@ -144,10 +172,27 @@ class ResourceAnalyzed(_Model):
     components: list[Component] = Field(default_factory=list)
     dependencies: list[Dependency] = Field(default_factory=list)
     policy: PolicyRef | None = None
-    policy_spec: JsonObject | None = None
+    policy_spec: PlacementPolicySpec | None = None
+    interpreter: ResourceInterpreterSpec | None = Field(
+        default=None,
+        description="the interpreter the object was read with: where its replicas, pod "
+        "templates and components live (the transformer renders a cluster's share with "
+        "it), how its status folds back (statusAggregation), its default strategy and "
+        "its follows rules; None only from producers older than this field",
+    )
+    follows: list[Follow] = Field(
+        default_factory=list,
+        description="the interpreter's follows rules resolved against the object: what "
+        "an as-needed object goes along with",
+    )
+
+    @property
+    def default_strategy(self) -> Strategy:
+        """The strategy of the object's type, before annotation and policy."""
+        return self.interpreter.strategy if self.interpreter is not None else self.strategy
 
 
-class PlacementDecided(_Model):
+class PlacementDecided(Payload):
     """The scheduler decided (or re-decided) where an object runs."""
 
     type: Literal["PlacementDecided"] = "PlacementDecided"
@@ -163,7 +208,7 @@ class PlacementDecided(_Model):
     deleted: bool = False
 
 
-class WorkRendered(_Model):
+class WorkRendered(Payload):
     """The transformer rendered the manifest for one (object, cluster) pair.
 
     `manifest` is None when the work must be removed from that cluster.
@@ -177,7 +222,7 @@ class WorkRendered(_Model):
     state: WorkState = WorkState.ACTIVE
 
 
-class MemberStatusObserved(_Model):
+class MemberStatusObserved(Payload):
     """The syncer saw the status of an applied object change on a member cluster."""
 
     type: Literal["MemberStatusObserved"] = "MemberStatusObserved"
@@ -188,7 +233,7 @@ class MemberStatusObserved(_Model):
     observed_generation: int | None = None
 
 
-class CapacityChanged(_Model):
+class CapacityChanged(Payload):
     """The syncer wrote a new capacity record for a cluster into Redis."""
 
     type: Literal["CapacityChanged"] = "CapacityChanged"
@@ -197,14 +242,14 @@ class CapacityChanged(_Model):
     allocatable: Requests
 
 
-class ClusterHeartbeat(_Model):
+class ClusterHeartbeat(Payload):
     type: Literal["ClusterHeartbeat"] = "ClusterHeartbeat"
     cluster: str
     ready: bool
     message: str = ""
 
 
-class RescheduleRequested(_Model):
+class RescheduleRequested(Payload):
     """A command to the scheduler: place this object again (drain, failover, retry)."""
 
     type: Literal["RescheduleRequested"] = "RescheduleRequested"
@@ -233,7 +278,7 @@ class Envelope(_Model):
     """What travels on the bus: identity, ordering data and one payload."""
 
     id: str = Field(min_length=1, description="deterministic; becomes the Nats-Msg-Id")
-    schema_version: Literal[1] = 1
+    schema_version: int = Field(default=SCHEMA_VERSION, ge=1)
     key: str = Field(min_length=1, description="the per-key ordering key")
     uid: str = ""
     generation: int = Field(default=0, ge=0)
@@ -280,6 +325,7 @@ def envelope(
 
 
 _ENVELOPE = TypeAdapter(Envelope)
+PAYLOAD_TYPES: dict[str, type[AnyPayload]] = {cls.__name__: cls for cls in EVENT_PAYLOADS}
 
 
 def encode(event: Envelope) -> bytes:
@@ -287,12 +333,57 @@ def encode(event: Envelope) -> bytes:
 
 
 def decode(data: bytes) -> Envelope:
-    """Parse bytes from the bus, or raise `InvalidEvent` saying everything that is wrong."""
+    """Parse bytes from the bus, or raise `InvalidEvent` saying everything that is wrong.
+
+    Fields this code does not know are ignored; a version it does not read is
+    refused with a message naming that version and the one read here.
+    """
     try:
-        return _ENVELOPE.validate_json(data)
+        event = _ENVELOPE.validate_json(data, extra="ignore")
     except ValidationError as exc:
+        # A newer, incompatible producer usually fails validation too: say why.
+        _check_versions(_raw_versions(data))
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
             for err in exc.errors(include_url=False)
         )
         raise InvalidEvent(f"not a valid Flotilla event: {problems}") from exc
+    _check_versions((event.schema_version, event.type, event.payload.version))
+    return event
+
+
+def _raw_versions(data: bytes) -> tuple[object, object, object]:
+    """(envelope version, payload type, payload version) as sent, where readable."""
+    try:
+        wire = json.loads(data)
+    except ValueError:
+        return (None, None, None)
+    if not isinstance(wire, dict):
+        return (None, None, None)
+    payload = wire.get("payload")
+    if not isinstance(payload, dict):
+        return (wire.get("schema_version"), None, None)
+    return (wire.get("schema_version"), payload.get("type"), payload.get("version", 1))
+
+
+def _check_versions(versions: tuple[object, object, object]) -> None:
+    envelope_version, event_type, payload_version = versions
+    if isinstance(envelope_version, int) and envelope_version != SCHEMA_VERSION:
+        raise InvalidEvent(
+            f"envelope schema version {envelope_version} is not supported: this consumer "
+            f"reads envelope version {SCHEMA_VERSION}"
+        )
+    if not isinstance(event_type, str):
+        return
+    model = PAYLOAD_TYPES.get(event_type)
+    if model is None:
+        known = ", ".join(PAYLOAD_TYPES)
+        raise InvalidEvent(
+            f"unknown event type {event_type!r} (version {payload_version}): this consumer "
+            f"reads {known}"
+        )
+    if isinstance(payload_version, int) and payload_version != model.VERSION:
+        raise InvalidEvent(
+            f"{event_type} version {payload_version} is not supported: this consumer "
+            f"reads {event_type} version {model.VERSION}"
+        )

@@ -50,14 +50,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from flotilla.common import paths
 from flotilla.common.api import (
     DEPENDENCIES_ANNOTATION,
     DependencyEntry,
     dump_dependencies,
     parse_dependencies,
 )
-from flotilla.depdetector import paths
-from flotilla.depdetector.interpreters import Interpreter
+from flotilla.common.interpreters import Interpreter
 
 CLUSTER_SCOPED_KINDS = frozenset(
     {

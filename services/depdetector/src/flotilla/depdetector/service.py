@@ -9,9 +9,11 @@ handlers, the hub writes and Kubernetes Events.
 
 Decisions where the brief is silent:
 
-* **Strategy** in the analysis is the effective one: the object's
-  ``flotilla.io/strategy`` annotation, else the governing policy's ``strategy``,
-  else the interpreter's default.
+* **Strategy** in the analysis is the effective one
+  (`flotilla.common.api.effective_strategy`); the analysis also carries the
+  interpreter it was made with and the resolved ``follows``, which later stages
+  need (replicas and pod-template paths, status aggregation, what an
+  ``as-needed`` object goes along with).
 * **The annotation write** is a merge patch of that one annotation carrying the
   observed ``resourceVersion`` as a precondition, so a concurrent edit of the
   user's entries is never overwritten with stale ones. On 409 the object is read
@@ -64,19 +66,14 @@ from flotilla.common.api import (
     InvalidObjectError,
     ResourceInterpreter,
     ResourceInterpreterSpec,
-    Strategy,
     dump_dependencies,
     parse_as,
-    parse_strategy,
 )
 from flotilla.common.config import Settings
 from flotilla.common.dispatch import EventBus, Received
 from flotilla.common.errors import FlotillaError, InvalidObject, Unavailable
 from flotilla.common.events import Envelope, ObjectRef
-from flotilla.common.router import Router
-from flotilla.common.service import Runtime
-from flotilla.depdetector import detection
-from flotilla.depdetector.interpreters import (
+from flotilla.common.interpreters import (
     DuplicateInterpreterError,
     Interpretation,
     InterpretationError,
@@ -84,6 +81,9 @@ from flotilla.depdetector.interpreters import (
     InvalidInterpreterError,
     Registry,
 )
+from flotilla.common.router import Router
+from flotilla.common.service import Runtime
+from flotilla.depdetector import detection
 
 log = logging.getLogger(__name__)
 
@@ -111,28 +111,18 @@ def _annotation(obj: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def effective_strategy(interpretation: Interpretation, policy_spec: JsonObject | None) -> Strategy:
-    """Annotation, else the policy's strategy, else the interpreter's default."""
-    if interpretation.strategy_from_annotation:
-        return interpretation.strategy
-    declared = (policy_spec or {}).get("strategy")
-    if isinstance(declared, str):
-        try:
-            return parse_strategy(declared)
-        except ValueError:
-            pass  # the watcher only forwards policies that validated
-    return interpretation.strategy
-
-
 def analysis(
     observed: events.ResourceObserved,
+    interpreter: Interpreter,
     interpretation: Interpretation,
     dependencies: list[DependencyEntry],
 ) -> events.ResourceAnalyzed:
+    """The event for `observed` read with `interpreter` (`interpretation`, made under
+    the observed policy, so its strategy is the effective one)."""
     return events.ResourceAnalyzed(
         ref=observed.ref,
         object=observed.object,
-        strategy=effective_strategy(interpretation, observed.policy_spec),
+        strategy=interpretation.strategy,
         replicas=interpretation.replicas,
         requests=interpretation.requests,
         components=[
@@ -151,6 +141,8 @@ def analysis(
         ],
         policy=observed.policy,
         policy_spec=observed.policy_spec,
+        interpreter=interpreter.spec,
+        follows=interpretation.follows,
     )
 
 
@@ -245,11 +237,12 @@ class Detector:
                 strategy=interpreter.spec.strategy,
                 policy=observed.policy,
                 policy_spec=observed.policy_spec,
+                interpreter=interpreter.spec,
             )
             await self._publish(envelope, deleted)
             return
         try:
-            interpretation = interpreter.interpret(obj)
+            interpretation = interpreter.interpret(obj, observed.policy_spec)
         except InterpretationError as exc:
             raise InvalidObject(str(exc), reason="InvalidObject") from exc
         try:
@@ -262,7 +255,7 @@ class Detector:
         merged = self._merge(obj, user_entries, interpreter)
         await self._write_annotation(observed.ref, obj, dump_dependencies(merged), interpreter)
         await self._report_missing(obj, merged)
-        await self._publish(envelope, analysis(observed, interpretation, merged))
+        await self._publish(envelope, analysis(observed, interpreter, interpretation, merged))
 
     async def _interpreter(self, observed: events.ResourceObserved) -> Interpreter:
         """The interpreter the event carries, else the registry's for the type."""

@@ -11,8 +11,9 @@ the same decision, ``decision_id`` included, which is what makes replay useful.
 
 Steps (after Karmada's ``generic_scheduler``):
 
-1. **strategy** — the object's ``flotilla.io/strategy`` annotation wins, then the
-   policy's ``strategy``, then the interpreter's default carried by the event;
+1. **strategy** — `flotilla.common.api.effective_strategy`: the object's
+   ``flotilla.io/strategy`` annotation wins, then the policy's ``strategy``, then
+   the interpreter's default carried by the event;
 2. **filter** — every registered filter (`flotilla.scheduler.filters`) in order;
    verdicts that depend only on the fleet and the policy are memoised per snapshot
    (`run_filters`);
@@ -47,14 +48,9 @@ from flotilla.scheduler.model import (
 
 
 def effective_strategy(inp: SchedulingInput) -> Strategy:
-    """Annotation, then policy, then the interpreter's default (``ValueError`` if bad)."""
-    metadata = inp.analyzed.object.get("metadata") or {}
-    override = (metadata.get("annotations") or {}).get(api.STRATEGY_ANNOTATION)
-    if override is not None:
-        return api.parse_strategy(override, source=f"annotation {api.STRATEGY_ANNOTATION}")
-    if inp.policy is not None and inp.policy.strategy is not None:
-        return inp.policy.strategy
-    return inp.analyzed.strategy
+    """The strategy of `inp` (``ValueError`` for an invalid annotation)."""
+    analyzed = inp.analyzed
+    return api.effective_strategy(analyzed.object, inp.policy, analyzed.default_strategy)
 
 
 def context(inp: SchedulingInput, strategy: Strategy) -> Context:

@@ -11,7 +11,9 @@ Handlers (one `Router`, partitioned, so one key's events arrive in order):
   deciding the objects right here would break their per-key order and race their
   partition owners; the command goes through the bus under each object's key
   instead, and is handled in that object's order. Its id is derived from the
-  cluster revision, so a redelivered cluster event sends nothing new.
+  cluster revision, so a redelivered cluster event sends nothing new. A Cluster
+  Flotilla cannot read gets an ``InvalidCluster`` Warning Event and is
+  dead-lettered. (Policies arrive validated: the watcher refuses invalid ones.)
 * ``CapacityChanged`` — when a cluster has more room than this replica last saw,
   send ``RescheduleRequested`` to the Pending objects.
 
@@ -407,10 +409,7 @@ class Scheduler:
         self, key: str, analyzed: ResourceAnalyzed, cause: Cause, *, reschedule: bool = False
     ) -> None:
         """Decide `key`, record it by compare-and-set, reserve, publish (module docstring)."""
-        try:
-            policy = state.policy_of(analyzed.policy_spec)
-        except ValueError as error:
-            raise InvalidObject(f"{key}: {error}", reason="InvalidPolicy") from error
+        policy = analyzed.policy_spec
         await self.index_ready()
         entry = self.index.get(key)
         stored: tuple[PlacementRecord, int] | None = (
@@ -537,10 +536,18 @@ class Scheduler:
             reason = PARTIALLY_SCHEDULED_REASON
         else:
             return
+        await self._warn(analyzed.object, reason, record.decided.reason)
+
+    async def _warn(self, obj: JsonObject, reason: str, message: str) -> None:
+        """A Warning Event on `obj`, best effort: a hub that does not answer must not
+        hold placements back or keep a bad message from being dead-lettered."""
+        if self.reporter is None:
+            return
         try:
-            await self.reporter.warning(analyzed.object, reason, record.decided.reason)
+            await self.reporter.warning(obj, reason, message)
         except FlotillaError as error:
-            log.warning("could not report %s for %s: %s", reason, record.key, error)
+            name = (obj.get("metadata") or {}).get("name")
+            log.warning("could not report %s for %s %s: %s", reason, obj.get("kind"), name, error)
 
     async def _publish(self, record: PlacementRecord) -> None:
         await self.bus.publish(

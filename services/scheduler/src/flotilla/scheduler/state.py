@@ -39,23 +39,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from pydantic import ValidationError
-
 from flotilla.common import api
 from flotilla.common.api import PlacementState, Strategy
 from flotilla.common.events import ObjectRef, ResourceAnalyzed
 from flotilla.scheduler.records import ClusterRecord, PlacementRecord
-
-
-def policy_of(record_policy: Mapping[str, object] | None) -> api.PlacementPolicySpec | None:
-    """The policy spec an event carries, parsed (``ValueError`` when it is invalid)."""
-    if record_policy is None:
-        return None
-    try:
-        return api.PlacementPolicySpec.model_validate(record_policy)
-    except ValidationError as error:
-        details = "; ".join(f"{e.field}: {e.message}" for e in api.field_errors(error))
-        raise ValueError(f"invalid placement policy: {details}") from None
 
 
 def _selector_keys(selector: api.LabelSelector | None) -> set[str]:
@@ -99,13 +86,13 @@ class Entry:
 
     @classmethod
     def of(cls, record: PlacementRecord, version: int) -> Entry:
+        analyzed = record.analyzed
+        policy = analyzed.policy_spec
         try:
-            policy = policy_of(record.analyzed.policy_spec)
+            strategy = api.effective_strategy(analyzed.object, policy, analyzed.default_strategy)
         except ValueError:
-            policy = None
-        strategy = record.analyzed.strategy
-        if policy is not None and policy.strategy is not None:
-            strategy = policy.strategy
+            # An invalid annotation leaves the placement as it was (`core.schedule`).
+            strategy = analyzed.strategy
         return cls(
             record=record,
             version=version,

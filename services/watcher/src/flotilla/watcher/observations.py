@@ -26,7 +26,10 @@ hash over
 So spec edits (generation), label and user-annotation edits, re-creation (uid)
 and policy changes publish; Flotilla's own annotation and status writes do not.
 
-**Policy selection.** An object no policy selects is not published. One that was
+**Policy selection.** Policies arrive here validated (`matching.Policy`: an
+invalid one is reported by the service and governs nothing), and events carry
+the typed spec, so no later stage validates a policy again. An object no policy
+selects is not published. One that was
 published and is no longer selected (its policy was deleted, its labels changed)
 is published once more with ``policy: null`` so the later stages can withdraw its
 placement, and then forgotten.
@@ -190,14 +193,14 @@ def policy_ref(policy: Policy) -> PolicyRef:
     return PolicyRef(kind=policy.kind, name=policy.metadata.name, namespace=namespace)
 
 
-def policy_spec(policy: Policy) -> JsonObject:
+def _policy_json(policy: Policy) -> JsonObject:
     return policy.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 def resource_fingerprint(
     obj: Mapping[str, Any], policy: Policy | None, interpreter: JsonObject | None = None
 ) -> str:
-    governing = None if policy is None else [policy_ref(policy).model_dump(), policy_spec(policy)]
+    governing = None if policy is None else [policy_ref(policy).model_dump(), _policy_json(policy)]
     interpreted_by = None if interpreter is None else interpreter.get("spec")
     return _digest({"object": user_view(obj), "policy": governing, "interpreter": interpreted_by})
 
@@ -266,7 +269,7 @@ def resource_observed(
         ref=ref,
         object=dict(obj),
         policy=record.policy,
-        policy_spec=policy_spec(policy),
+        policy_spec=policy.spec,
         interpreter=interpreter,
     )
     return _change(payload, obj, fingerprint, record)
@@ -286,11 +289,7 @@ def resource_deleted(
     if known is None:
         return None
     spec = next(
-        (
-            policy_spec(p)
-            for p in policies
-            if known.policy is not None and policy_ref(p) == known.policy
-        ),
+        (p.spec for p in policies if known.policy is not None and policy_ref(p) == known.policy),
         None,
     )
     payload = events.ResourceObserved(

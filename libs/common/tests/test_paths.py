@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flotilla.depdetector import paths
-from flotilla.depdetector.paths import Field, Index, Match, PathError, Wildcard
+from flotilla.common import paths
+from flotilla.common.paths import Field, Index, Match, PathError, Wildcard
 
 POD_TEMPLATE: dict[str, Any] = {
     "metadata": {"labels": {"app": "web"}, "annotations": {"flotilla.io/strategy": "split"}},

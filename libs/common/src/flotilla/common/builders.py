@@ -1,8 +1,10 @@
-"""Builders for the test manifests of the dependency detector's tests.
+"""Builders of Kubernetes manifests and ResourceInterpreters for tests.
 
-After Kubernetes ``pkg/scheduler/testing/wrappers.go``: a test names only what it
-is about (``manifest("v1", "Pod", pod_spec(container(requests={"cpu": "1"})))``)
-and gets a complete object.
+Shared by every package whose tests read user objects through the interpreters
+(`flotilla.common.interpreters`). After Kubernetes
+``pkg/scheduler/testing/wrappers.go``: a test names only what it is about
+(``manifest("v1", "Pod", pod_spec(container(requests={"cpu": "1"})))``) and gets a
+complete object.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def template(spec: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"metadata": {"labels": {"app": "web"}}, "spec": spec or pod_spec()}
 
 
-# The ResourceInterpreter example of ARCHITECTURE.md section 3.
+# A multi-component workload: a FlinkDeployment with a job manager and task managers.
 FLINK_INTERPRETER: dict[str, Any] = {
     "apiVersion": "flotilla.io/v1alpha1",
     "kind": "ResourceInterpreter",

@@ -5,24 +5,23 @@ from typing import Any
 
 import pytest
 
+from flotilla.common import interpreters, paths
 from flotilla.common.api import GroupVersionKind, Strategy
-from flotilla.depdetector import interpreters
-from flotilla.depdetector.interpreters import (
-    Component,
-    DuplicateInterpreterError,
-    Follow,
-    InterpretationError,
-    InvalidInterpreterError,
-    Registry,
-)
-
-from .builders import (
+from flotilla.common.builders import (
     FLINK_INTERPRETER,
     container,
     manifest,
     pod_spec,
     resource_interpreter,
     template,
+)
+from flotilla.common.interpreters import (
+    Component,
+    DuplicateInterpreterError,
+    Follow,
+    InterpretationError,
+    InvalidInterpreterError,
+    Registry,
 )
 
 GI = 2**30
@@ -95,7 +94,6 @@ def test_default_strategy(
 ) -> None:
     interpretation = registry.interpret(manifest(api_version, kind, {}))
     assert interpretation.strategy is strategy
-    assert not interpretation.strategy_from_annotation
 
 
 @pytest.mark.parametrize(
@@ -110,7 +108,6 @@ def test_strategy_annotation_overrides(registry: Registry, annotation: str, expe
     obj = deployment(annotations={"flotilla.io/strategy": annotation})
     interpretation = registry.interpret(obj)
     assert interpretation.strategy is expected
-    assert interpretation.strategy_from_annotation
 
 
 def test_unknown_strategy_annotation_is_rejected_with_the_choices(registry: Registry) -> None:
@@ -344,3 +341,50 @@ def test_ingress_follows_its_backend_services_once_each(registry: Registry) -> N
         ("Service", "web", "shop"),
         ("Service", "api", "shop"),
     ]
+
+
+# --- what later stages read through an interpreter ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("obj", "path", "replicas"),
+    [
+        pytest.param(deployment(replicas=6), ("spec", "replicas"), 2, id="deployment"),
+        pytest.param(deployment(replicas=None), ("spec", "replicas"), 4, id="replicas-unset"),
+        pytest.param(
+            manifest("batch/v1", "Job", {"parallelism": 5, "template": template()}),
+            ("spec", "parallelism"),
+            1,
+            id="job-parallelism",
+        ),
+    ],
+)
+def test_with_replicas_renders_one_clusters_share_and_leaves_the_object_alone(
+    registry: Registry, obj: dict[str, Any], path: tuple[str, str], replicas: int
+) -> None:
+    before = copy.deepcopy(obj)
+    rendered = registry.for_object(obj).with_replicas(obj, replicas)
+    assert rendered[path[0]][path[1]] == replicas
+    assert obj == before
+    rendered[path[0]][path[1]] = before[path[0]].get(path[1])
+    if path[1] not in before[path[0]]:
+        del rendered[path[0]][path[1]]
+    assert rendered == before, "nothing but the replicas changes"
+
+
+def test_with_replicas_refuses_a_type_that_cannot_be_split(registry: Registry) -> None:
+    pod = manifest("v1", "Pod", pod_spec())
+    with pytest.raises(InterpretationError, match="v1, Kind=Pod declares no replicas path"):
+        registry.for_object(pod).with_replicas(pod, 2)
+
+
+def test_status_rules_pair_each_compiled_path_with_its_op(registry: Registry) -> None:
+    rules = registry.for_object(deployment()).status_rules
+    assert [(path.text, op.value) for path, op in rules] == [
+        (".status.replicas", "sum"),
+        (".status.readyReplicas", "sum"),
+        (".status.availableReplicas", "sum"),
+        (".status.updatedReplicas", "sum"),
+    ]
+    status = {"status": {"readyReplicas": 2}}
+    assert paths.get_all(status, rules[1][0]) == [2]

@@ -9,16 +9,21 @@ in a ``ResourceInterpreter`` object, so the two cannot behave differently. A
 declared interpreter replaces the built-in one for its type; unknown types get
 `Strategy.ANY` and nothing else.
 
+It lives in `flotilla.common` because several services read objects through it:
+the dependency detector (requests, dependencies), the scheduler (``follows``), the
+transformer (`Interpreter.with_replicas` renders a cluster's share of a split
+object) and the status aggregator (`Interpreter.status_rules`).
+
 Decisions where the architecture is silent:
 
 * **Service and Ingress follow their backends.** They are ``as-needed`` and carry
   ``follows`` rules: a Service goes wherever a workload in its namespace whose
   pod-template labels match ``spec.selector`` is placed; an Ingress goes wherever
   the Services it routes to go. ``follows`` is a field of the ResourceInterpreter
-  spec (an addition to ARCHITECTURE.md), so CRD authors can declare it too; the
-  stage that places ``as-needed`` objects resolves the rules against current
-  placements. A Service without a selector (manually managed endpoints) follows
-  nothing and is synced only where some object lists it as a dependency.
+  spec, so CRD authors can declare it too; the stage that places ``as-needed``
+  objects resolves the rules against current placements. A Service without a
+  selector (manually managed endpoints) follows nothing and is synced only where
+  some object lists it as a dependency.
 * **PersistentVolumeClaim is ``as-needed``**: a claim is created on each cluster
   where a workload that mounts it runs, the usual multi-cluster behaviour for
   dynamically provisioned storage. Data does not move with it; a user who needs
@@ -34,25 +39,26 @@ Decisions where the architecture is silent:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flotilla.common import quantity
+from flotilla.common import paths, quantity
 from flotilla.common.api import (
-    STRATEGY_ANNOTATION,
+    AggregationOp,
     FollowBy,
     GroupVersionKind,
+    PlacementPolicySpec,
     ResourceInterpreter,
     ResourceInterpreterSpec,
     StatusAggregationRule,
     Strategy,
-    parse_strategy,
+    effective_strategy,
 )
-from flotilla.depdetector import paths
-from flotilla.depdetector.paths import CompiledPath, PathError
+from flotilla.common.paths import CompiledPath, PathError
 
 Requests = dict[str, int]
 """Resource name → integer units (`flotilla.common.quantity.to_units`)."""
@@ -93,7 +99,7 @@ class Follow(BaseModel):
     whose pod-template labels include these labels).
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     namespace: str | None = None
     api_version: str | None = None
@@ -110,8 +116,8 @@ class Interpretation(BaseModel):
     api_version: str
     kind: str
     strategy: Strategy
-    """The annotation's override when present, else the interpreter's default."""
-    strategy_from_annotation: bool = False
+    """The effective strategy (`flotilla.common.api.effective_strategy`): the object's
+    annotation, else the policy's, else the interpreter's default."""
     replicas: int = 1
     requests: Requests = Field(default_factory=dict)
     """Per replica of ``replicas``; multi-component workloads list theirs in ``components``."""
@@ -210,17 +216,40 @@ class Interpreter:
                 found += [(component.name, s) for s in _spec(template)]
         return found
 
-    def interpret(self, obj: Mapping[str, Any]) -> Interpretation:
-        """Read ``obj`` through this interpreter; `InterpretationError` names a bad field."""
-        metadata = obj.get("metadata") or {}
-        override = (metadata.get("annotations") or {}).get(STRATEGY_ANNOTATION)
-        if override is not None:
-            try:
-                strategy = parse_strategy(override, source=f"annotation {STRATEGY_ANNOTATION}")
-            except ValueError as error:
-                raise InterpretationError(str(error)) from None
-        else:
-            strategy = self.spec.strategy
+    @property
+    def status_rules(self) -> tuple[tuple[CompiledPath, AggregationOp], ...]:
+        """(path, op) of each ``statusAggregation`` rule, in declared order."""
+        return tuple(
+            (path, rule.op)
+            for path, rule in zip(self.status_paths, self.spec.status_aggregation, strict=True)
+        )
+
+    def with_replicas(self, obj: Mapping[str, Any], replicas: int) -> dict[str, Any]:
+        """A copy of ``obj`` that runs ``replicas`` (one cluster's share of a split).
+
+        `InterpretationError` for a type without a replicas path: such an object is
+        one replica and cannot be divided.
+        """
+        if self.replicas is None:
+            raise InterpretationError(
+                f"{self.gvk} declares no replicas path ({self.source}); it cannot be split"
+            )
+        rendered = copy.deepcopy(dict(obj))
+        try:
+            paths.set_value(rendered, self.replicas, replicas)
+        except PathError as error:
+            raise InterpretationError(str(error)) from None
+        return rendered
+
+    def interpret(
+        self, obj: Mapping[str, Any], policy: PlacementPolicySpec | None = None
+    ) -> Interpretation:
+        """Read ``obj`` (governed by ``policy``, if any) through this interpreter;
+        `InterpretationError` names a bad field or annotation."""
+        try:
+            strategy = effective_strategy(obj, policy, self.spec.strategy)
+        except ValueError as error:
+            raise InterpretationError(str(error)) from None
         requests: Requests = {}
         if self.pod_template is not None:
             requests = _requests_at(obj, self.pod_template, template=True)
@@ -238,7 +267,6 @@ class Interpreter:
             api_version=str(obj.get("apiVersion", self.spec.target.api_version)),
             kind=str(obj.get("kind", self.spec.target.kind)),
             strategy=strategy,
-            strategy_from_annotation=override is not None,
             replicas=_replicas_at(obj, self.replicas),
             requests=requests,
             components=components,
@@ -556,5 +584,7 @@ class Registry:
             GroupVersionKind.from_api_version(str(obj.get("apiVersion", "")), str(obj.get("kind")))
         )
 
-    def interpret(self, obj: Mapping[str, Any]) -> Interpretation:
-        return self.for_object(obj).interpret(obj)
+    def interpret(
+        self, obj: Mapping[str, Any], policy: PlacementPolicySpec | None = None
+    ) -> Interpretation:
+        return self.for_object(obj).interpret(obj, policy)
