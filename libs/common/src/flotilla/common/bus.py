@@ -14,8 +14,10 @@ and deduplication out.
   `flotilla.common.errors` becomes ack / nak(delay) / term + dead-letter.
 - `Bus.replay`: read a window of the event stream by sequence or time, the basis
   of event replay.
+- `Bus.store`: a typed compare-and-set store over one of the topology's buckets
+  (`flotilla.common.store`).
 
-Only this module (and `leases`) import `nats`.
+Only this module, `leases` and `store` import `nats`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import nats
 import nats.errors
@@ -37,8 +39,9 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
+from pydantic import BaseModel
 
-from flotilla.common import events, telemetry
+from flotilla.common import events, store, telemetry
 from flotilla.common.errors import InvalidEvent, PermanentError, TemporaryError, Unavailable
 from flotilla.common.health import EventMetrics
 from flotilla.common.leases import PartitionLeases
@@ -82,6 +85,12 @@ Outcome = Ack | Nak | Term
 
 DEFAULT_RETRY_DELAY = 1.0
 FETCH_WAIT = 1.0
+REPLAY_BATCH = 256
+REPLAY_ATTEMPTS = 5
+"""Fetches in a row that may time out before a replay that has not reached the
+window's end (and knows messages are pending) gives up with `Unavailable`."""
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def disposition(error: BaseException | None, *, delivered: int, max_deliver: int) -> Outcome:
@@ -225,6 +234,11 @@ class Bus:
             )
         return self._buckets[spec.name]
 
+    async def store(self, spec: BucketSpec, model: type[M]) -> store.Store[M]:
+        """The typed compare-and-set store over bucket `spec` (created if absent)."""
+        kv = await self.bucket(spec)
+        return store.Store(store.JetStreamBucket(self.js, kv, spec.name), model)
+
     def _headers(self, event: events.Envelope) -> dict[str, str]:
         return {"Nats-Msg-Id": event.id, KEY_HEADER: event.key, TYPE_HEADER: event.type}
 
@@ -354,13 +368,26 @@ class Bus:
         )
         sub = await self.js.pull_subscribe("", stream=stream, config=config)
         count = 0
+        timeouts = 0
+        read = 0
         try:
             while True:
                 try:
-                    batch = await sub.fetch(256, timeout=1.0)
-                except nats.errors.TimeoutError:
-                    return
+                    batch = await sub.fetch(REPLAY_BATCH, timeout=FETCH_WAIT)
+                except TimeoutError:  # nats-py raises its own and asyncio's bare one
+                    # Nothing within the wait: either nothing more matches (done) or
+                    # the server or the network was slow; only the consumer knows.
+                    if await _exhausted(sub, read):
+                        return
+                    timeouts += 1
+                    if timeouts >= REPLAY_ATTEMPTS:
+                        raise Unavailable(
+                            f"reading {stream} timed out {timeouts} times before its end"
+                        ) from None
+                    continue
+                timeouts = 0
                 for msg in batch:
+                    read = msg.metadata.sequence.stream
                     yield msg
                     count += 1
                     if msg.metadata.sequence.stream >= last or (limit and count >= limit):
@@ -368,6 +395,18 @@ class Bus:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+
+async def _exhausted(sub: JetStreamContext.PullSubscription, read: int) -> bool:
+    """Whether a reading consumer has nothing left: nothing pending on the server,
+    and nothing delivered that has not been read (a late answer to a fetch that
+    timed out waits in the subscription for the next fetch)."""
+    try:
+        info = await sub.consumer_info()
+    except (nats.errors.Error, OSError) as exc:
+        raise Unavailable(f"replay consumer lost: {exc}") from exc
+    delivered = info.delivered.stream_seq if info.delivered is not None else 0
+    return not info.num_pending and (delivered or 0) <= read
 
 
 def _subject_token(value: str) -> str:
@@ -435,8 +474,17 @@ class Consumer:
     def partitions(self) -> set[int]:
         return set(self._fetchers)
 
+    @property
+    def leases_lost(self) -> int:
+        """Leases found taken or expired at renewal since the last (re)start."""
+        return self._leases.lost if self._leases is not None else 0
+
     async def run(self) -> None:
-        """Until `stop()`: keep leases, fetch owned partitions, dispatch."""
+        """Until `stop()`: keep leases, fetch owned partitions, dispatch.
+
+        May be called again after it ended (a crash restarted by
+        `flotilla.common.service.guarded`): it starts from scratch."""
+        self.queue.reopen()
         kv = await self.bus.bucket(self.bus.topology.leases_bucket)
         self._leases = PartitionLeases(
             kv,
