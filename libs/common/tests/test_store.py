@@ -261,3 +261,19 @@ async def test_an_unreadable_value_is_a_clear_error_and_the_follower_skips_it(
     await things.put("good", Thing(name="good"))
     await eventually(lambda: "good" in following.entries)
     assert "bad" not in following.entries
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "apps/v1/Deployment/default/web",
+        "v1/Pod/_/x.y",
+        "example.com/v1beta1/Thing/ns/.odd..name.",
+        "v1/ConfigMap/ns/with space=and*star",
+    ],
+)
+def test_record_keys_round_trip_and_are_valid_kv_keys(key: str) -> None:
+    encoded = store.encode_key(key)
+    assert store.decode_key(encoded) == key
+    assert not encoded.startswith(".") and not encoded.endswith(".") and ".." not in encoded
+    assert all(c.isalnum() or c in "-/_=." for c in encoded)

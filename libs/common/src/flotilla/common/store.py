@@ -30,8 +30,9 @@ re-created by a stale writer would otherwise come back to life, so tombstones ar
 kept for a while, then dropped, so that the bucket does not grow with every
 object ever deleted). The purge of one key removes only messages up to its
 tombstone, so a key re-created meanwhile keeps its new value. The bucket's
-newest message is never purged, because `Follower.sync` waits for the bucket's
-last sequence, which a purge does not lower.
+newest message is never purged (only the revisions of its key before it),
+because `Follower.sync` waits for the bucket's last sequence, which a purge does
+not lower.
 
 **Keys.** Any string is a key: characters NATS KV keys do not allow are written
 ``=XX`` (hex) in the bucket (`encode_key`), which keeps the common
@@ -49,10 +50,10 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -67,6 +68,8 @@ log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 
 CONFLICT_DELAY = 0.1
+PARALLEL_REQUESTS = 64
+"""Requests in flight at once for bulk work (purging many tombstones)."""
 EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
 WRONG_LAST_SEQUENCE = (10071, 10164)
 """JetStream error codes of a failed expected-last-subject-sequence check."""
@@ -166,7 +169,7 @@ class Bucket(Protocol):
         """Messages the bucket holds (values, their history, tombstones)."""
         ...
 
-    def watch(self) -> AsyncIterator[Raw | None]:
+    def watch(self) -> AsyncGenerator[Raw | None, None]:
         """The newest message of every key (tombstones too) in revision order, then
         None, then every later write as it happens."""
         ...
@@ -175,8 +178,7 @@ class Bucket(Protocol):
 # --- the typed store ---------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Entry(Generic[M]):
+class Entry(NamedTuple, Generic[M]):
     """A record and its revision (what the next compare-and-set must name)."""
 
     value: M
@@ -213,25 +215,25 @@ class Store(Generic[M]):
         """Write `value` if `key` holds nothing; its revision, or `Conflict`."""
         return await self.bucket.create(encode_key(key), self._dump(value))
 
-    async def update(self, key: str, value: M, revision: int) -> int:
-        """Write `value` if `key` is still at `revision`; the new revision, or `Conflict`."""
-        if revision <= 0:
+    async def update(self, key: str, value: M, last: int) -> int:
+        """Write `value` if `key` is still at revision `last`; the new revision, or `Conflict`."""
+        if last <= 0:
             raise ValueError("update needs the revision read; use create for a new key")
-        return await self.bucket.update(encode_key(key), self._dump(value), revision)
+        return await self.bucket.update(encode_key(key), self._dump(value), last)
 
-    async def write(self, key: str, value: M, revision: int) -> int:
-        """`create` when `revision` is 0 (nothing was read), else `update`."""
-        if revision == 0:
+    async def write(self, key: str, value: M, last: int) -> int:
+        """`create` when `last` is 0 (nothing was read), else `update`."""
+        if last == 0:
             return await self.create(key, value)
-        return await self.update(key, value, revision)
+        return await self.update(key, value, last)
 
     async def put(self, key: str, value: M) -> int:
         """Write `value` whatever the key holds (only for data with a single writer)."""
         return await self.bucket.put(encode_key(key), self._dump(value))
 
-    async def delete(self, key: str, revision: int | None = None) -> int:
-        """Tombstone `key` if it is still at `revision` (None: whatever it holds)."""
-        return await self.bucket.delete(encode_key(key), revision)
+    async def delete(self, key: str, last: int | None = None) -> int:
+        """Tombstone `key` if it is still at revision `last` (None: whatever it holds)."""
+        return await self.bucket.delete(encode_key(key), last)
 
     async def last_revision(self) -> int:
         return await self.bucket.last_revision()
@@ -243,7 +245,7 @@ class Store(Generic[M]):
         """Messages the bucket holds (what forgetting deleted keys keeps bounded)."""
         return await self.bucket.size()
 
-    async def changes(self) -> AsyncIterator[Change[M] | None]:
+    async def changes(self) -> AsyncGenerator[Change[M] | None, None]:
         """What the bucket holds (deleted keys as None entries), None once caught up,
         then every change. An unreadable value is logged and reads as deleted."""
         async with contextlib.aclosing(self.bucket.watch()) as raws:
@@ -432,7 +434,7 @@ class MemoryBucket:
     async def size(self) -> int:
         return self._held
 
-    async def watch(self) -> AsyncIterator[Raw | None]:
+    async def watch(self) -> AsyncGenerator[Raw | None, None]:
         queue: asyncio.Queue[Raw] = asyncio.Queue()
         snapshot = sorted(self._latest.values(), key=lambda raw: raw.revision)
         self._watchers.append(queue)
@@ -529,16 +531,20 @@ class JetStreamBucket:
         old: list[Raw] = []
         async with contextlib.aclosing(self._scan(headers_only=True)) as scan:
             async for raw in scan:
-                if raw.data is None and raw.written <= cutoff and raw.revision != newest:
+                if raw.data is None and raw.written <= cutoff:
                     old.append(raw)
-        with _nats_errors(f"purging tombstones of {self.name}"):
-            for raw in old:
-                await self.js.purge_stream(
-                    self.stream, subject=self._prefix + raw.key, seq=raw.revision + 1
-                )
-        return len(old)
 
-    async def _scan(self, *, headers_only: bool) -> AsyncIterator[Raw]:
+        async def purge(raw: Raw) -> None:
+            # Up to the tombstone, or (the newest message) to just before it.
+            until = raw.revision if raw.revision == newest else raw.revision + 1
+            await self.js.purge_stream(self.stream, subject=self._prefix + raw.key, seq=until)
+
+        with _nats_errors(f"purging tombstones of {self.name}"):
+            for start in range(0, len(old), PARALLEL_REQUESTS):
+                await asyncio.gather(*map(purge, old[start : start + PARALLEL_REQUESTS]))
+        return sum(raw.revision != newest for raw in old)
+
+    async def _scan(self, *, headers_only: bool) -> AsyncGenerator[Raw, None]:
         with _nats_errors(f"watch {self.name}"):
             watcher: Any = await self.kv.watchall(meta_only=headers_only)
         try:
@@ -552,7 +558,7 @@ class JetStreamBucket:
             with contextlib.suppress(Exception):
                 await watcher.stop()
 
-    async def watch(self) -> AsyncIterator[Raw | None]:
+    async def watch(self) -> AsyncGenerator[Raw | None, None]:
         with _nats_errors(f"watch {self.name}"):
             watcher: Any = await self.kv.watchall()
         try:
