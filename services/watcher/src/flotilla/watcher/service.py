@@ -403,3 +403,9 @@ async def setup(rt: Runtime) -> None:
             await run(api, rt.bus)
 
     rt.spawn("watcher", watch_hub)
+
+    async def forget_deleted() -> None:
+        state = await WatchState.open(rt.bus)
+        await state.forget_deleted(rt.settings.tombstone_retention)
+
+    rt.spawn("forget-deleted", forget_deleted)
