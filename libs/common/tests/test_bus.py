@@ -112,6 +112,8 @@ async def test_ensure_is_idempotent(nats_server: NatsServer, unique: str) -> Non
         await bus.ensure()
         names = [s.config.name for s in await bus.js.streams_info()]
         assert names.count(bus.topology.events_stream.name) == 1
+        for bucket in bus.topology.buckets:  # every service's buckets, created up front
+            assert f"KV_{bucket.name}" in names
 
 
 async def test_temporary_error_is_redelivered_after_its_delay(
