@@ -125,6 +125,11 @@ async def test_any_string_is_a_key(things: store.Store[Thing], key: str) -> None
     assert (await things.load()).keys() == {key}
 
 
+async def test_an_empty_key_is_refused(things: store.Store[Thing]) -> None:
+    with pytest.raises(ValueError, match="empty"):
+        await things.put("", Thing(name="x"))
+
+
 async def test_load_reads_live_records_only(things: store.Store[Thing]) -> None:
     await things.put("a", Thing(name="a"))
     b = await things.put("b", Thing(name="b"))

@@ -96,6 +96,8 @@ _KEY_SAFE = re.compile(r"[-/_a-zA-Z0-9.]")
 
 def encode_key(key: str) -> str:
     """A string as a KV key: unsafe characters (and ``=``) become ``=XX``."""
+    if not key:
+        raise ValueError("a store key must not be empty")
     out = []
     for char in key:
         if _KEY_SAFE.fullmatch(char):
