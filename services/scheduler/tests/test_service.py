@@ -544,11 +544,19 @@ async def test_a_deleted_object_is_forgotten_after_the_retention(harness: Harnes
 
 async def test_a_removed_cluster_is_forgotten_after_the_retention(harness: Harness) -> None:
     await harness.cluster(small("a", "4"))
+    await harness.handle(
+        events.envelope(
+            CapacityChanged(cluster="a", available={"cpu": 4}, allocatable={"cpu": 4}),
+            key="a",
+            producer="test",
+        )
+    )
     await harness.remove_cluster("a")
     assert "a" in harness.scheduler.clusters.entries
     assert await harness.scheduler.forget_deleted_once(retention=0) == 1
     assert "a" not in harness.scheduler.clusters.entries
     assert await harness.scheduler.clusters_store.get("a") is None
+    assert "a" not in harness.scheduler._capacity_seen
 
 
 @pytest.mark.slow

@@ -276,6 +276,7 @@ class Scheduler:
                     self.clusters.apply(
                         name, None, await self.clusters_store.delete(name, found.version)
                     )
+                    self._capacity_seen.pop(name, None)
                     forgotten += 1
         await self.placements.purge_tombstones(retention)
         await self.clusters_store.purge_tombstones(retention)
