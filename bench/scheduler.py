@@ -60,7 +60,7 @@ from flotilla.common.events import (
 from flotilla.common.infra import NatsServer, RedisServer
 from flotilla.common.rediscapacity import RedisCapacityCache
 from flotilla.common.topology import Topology
-from flotilla.scheduler import core, records
+from flotilla.scheduler import core
 from flotilla.scheduler.model import Fleet, SchedulingInput
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -338,7 +338,7 @@ async def _service_run(
                 for c in clusters
             ]
         )
-        clusters_kv = await bus.bucket(records.clusters_bucket(topology))
+        clusters_kv = await bus.bucket(topology.bucket("scheduler-clusters"))
         leases_kv = await bus.bucket(topology.leases_bucket)
 
         async def ready() -> bool:

@@ -47,7 +47,6 @@ from flotilla.common.events import (
 from flotilla.common.infra import NatsServer, RedisServer
 from flotilla.common.rediscapacity import RedisCapacityCache
 from flotilla.common.topology import Topology
-from flotilla.scheduler import records
 from flotilla.scheduler.records import PlacementRecord
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
@@ -187,7 +186,7 @@ async def test_two_scheduler_processes_share_the_work_without_overcommit(
                 for name in names
             ]
         )
-        clusters_kv = await bus.bucket(records.clusters_bucket(bus.topology))
+        clusters_kv = await bus.bucket(bus.topology.bucket("scheduler-clusters"))
 
         async def clusters_known() -> bool:
             status = await clusters_kv.status()
@@ -242,7 +241,7 @@ async def test_two_scheduler_processes_share_the_work_without_overcommit(
         latest = {e.key: e for e in first} | {e.key: e for e in scaled}
 
         placements_kv = await bus.bucket(bus.topology.placements_bucket)
-        store = records.placements(placements_kv)
+        store = await bus.store(bus.topology.placements_bucket, PlacementRecord)
 
         async def settled() -> bool:
             for s in schedulers:

@@ -9,8 +9,12 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from typing import Any
 
+import nats.errors
 import pytest
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -24,7 +28,9 @@ from flotilla.common.dispatch import DeadLetter, DeadLetterHook, Received
 from flotilla.common.errors import PermanentError, TemporaryError
 from flotilla.common.health import EventMetrics
 from flotilla.common.infra import NatsServer
+from flotilla.common.leases import PartitionLeases, assignment
 from flotilla.common.router import Router
+from flotilla.common.service import guarded
 from flotilla.common.testing import eventually
 from flotilla.common.topology import Topology, partition_of
 
@@ -113,6 +119,8 @@ async def test_ensure_is_idempotent(nats_server: NatsServer, unique: str) -> Non
         await bus.ensure()
         names = [s.config.name for s in await bus.js.streams_info()]
         assert names.count(bus.topology.events_stream.name) == 1
+        for bucket in bus.topology.buckets:  # every service's buckets, created up front
+            assert f"KV_{bucket.name}" in names
 
 
 async def test_temporary_error_is_redelivered_after_its_delay(
@@ -401,3 +409,129 @@ async def test_replay_reads_a_window_by_time(nats_server: NatsServer, unique: st
         before = [seq_of(r.envelope) async for r in bus.replay(end_time=middle)]
     assert after == [5, 6, 7, 8, 9]
     assert before == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    "timeout",
+    [nats.errors.TimeoutError(), TimeoutError()],
+    ids=["nats-timeout", "bare-asyncio-timeout"],
+)
+async def test_replay_reads_past_a_fetch_timeout_to_the_end_of_a_long_window(
+    nats_server: NatsServer, unique: str, monkeypatch: pytest.MonkeyPatch, timeout: Exception
+) -> None:
+    total = busmod.REPLAY_BATCH * 2 + 10
+    fetch = JetStreamContext.PullSubscription.fetch
+    calls = 0
+
+    async def slow_second_fetch(
+        self: JetStreamContext.PullSubscription, *args: Any, **kwargs: Any
+    ) -> list[Msg]:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise timeout  # the server did not answer in time, mid-window
+        return await fetch(self, *args, **kwargs)
+
+    async with connected(nats_server, f"replayto{unique}") as bus:
+        for start in range(0, total, 200):
+            await bus.publish_batch(
+                [observed("a", i) for i in range(start, min(start + 200, total))]
+            )
+        monkeypatch.setattr(JetStreamContext.PullSubscription, "fetch", slow_second_fetch)
+        replayed = [seq_of(r.envelope) async for r in bus.replay()]
+    assert calls > 2
+    assert replayed == list(range(total))
+
+
+async def test_a_consumer_restarted_after_a_crash_consumes_again(
+    nats_server: NatsServer, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handled: list[int] = []
+    crash = asyncio.Event()
+    tick = PartitionLeases.tick
+
+    async def crashing_tick(self: PartitionLeases) -> set[int]:
+        if crash.is_set():
+            crash.clear()
+            raise RuntimeError("lease round blew up")
+        return await tick(self)
+
+    router = Router("svc", ack_wait=5.0)
+
+    @router.on(events.ResourceObserved)
+    async def handler(received: Received[events.ResourceObserved]) -> None:
+        handled.append(seq_of(received.envelope))
+
+    monkeypatch.setattr(PartitionLeases, "tick", crashing_tick)
+    async with connected(nats_server, f"restart{unique}") as bus:
+        consumer = bus.consumer(router.spec, router.dispatch(), instance="i1")
+        stopped = False
+        task = asyncio.create_task(guarded("consumer", consumer.run, finished=lambda: stopped))
+        try:
+            await bus.publish(observed("a", 1))
+            await eventually(lambda: handled == [1])
+            crash.set()  # the next lease round raises: run() ends and is restarted
+            await eventually(lambda: not crash.is_set() and len(consumer.partitions) == 4)
+            await bus.publish(observed("a", 2))
+            await eventually(lambda: handled == [1, 2], what="the restarted consumer handling")
+        finally:
+            stopped = True
+            await consumer.stop()
+            await task
+
+
+@pytest.mark.slow
+async def test_handing_partitions_over_while_a_key_is_slow_keeps_order_and_leases(
+    nats_server: NatsServer, unique: str
+) -> None:
+    """The slow key's partition moves to the new replica; draining it takes longer
+    than the lease TTL, and the old replica's other leases must not lapse meanwhile."""
+    order: dict[str, list[int]] = defaultdict(list)
+    slow_per_event = 0.8
+
+    def handler_for(instance: str) -> ObservedHandler:
+        async def handler(event: events.Envelope) -> None:
+            if event.key.endswith("/slow") and instance == "i1":
+                await asyncio.sleep(slow_per_event)
+            order[event.key].append(seq_of(event))
+
+        return handler
+
+    async with connected(nats_server, f"hand{unique}") as bus:
+        partitions = bus.topology.partitions
+        moving = {p for p, owner in assignment(partitions, ["i1", "i2"]).items() if owner == "i2"}
+        slow_key = observed("slow", 0).key
+        assert partition_of(slow_key, partitions) in moving
+        keys = [f"k{i}" for i in range(20)]
+        rounds = 15
+        async with consuming(bus, handler_for("i1"), instance="i1") as first:
+            await eventually(lambda: len(first.partitions) == partitions)
+            await bus.publish_batch([observed("slow", s) for s in range(3)])
+            await eventually(lambda: not order[slow_key] and first.queue.pending >= 3)
+
+            async def flow() -> None:
+                for s in range(rounds):
+                    await bus.publish_batch([observed(k, s) for k in keys])
+                    await asyncio.sleep(0.2)
+
+            flowing = asyncio.create_task(flow())
+            async with consuming(bus, handler_for("i2"), instance="i2") as second:
+                await eventually(
+                    lambda: second.partitions == moving and first.partitions.isdisjoint(moving),
+                    timeout=30,
+                    what="the hand-over",
+                )
+                await flowing
+                await bus.publish(observed("slow", 3))
+                await eventually(
+                    lambda: (
+                        len(order[slow_key]) >= 4
+                        and all(len(order[observed(k, 0).key]) >= rounds for k in keys)
+                    ),
+                    timeout=30,
+                )
+                assert first.leases_lost == 0, "the slow replica let a lease lapse"
+                assert second.leases_lost == 0
+    for key, seqs in order.items():
+        assert seqs == sorted(seqs), f"{key} handled out of order: {seqs}"
+    assert sorted(set(order[slow_key])) == [0, 1, 2, 3]

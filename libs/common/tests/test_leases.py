@@ -69,3 +69,22 @@ def test_topology_names() -> None:
         "fl.events.ResourceAnalyzed.2",
         "fl.events.ClusterObserved.2",
     ]
+
+
+def test_every_service_declares_its_buckets_in_the_topology() -> None:
+    topology = Topology(prefix="fl", replicas=3)
+    assert [b.name for b in topology.service_buckets("scheduler")] == [
+        "fl-placements",
+        "fl-scheduler-clusters",
+    ]
+    assert [b.name for b in topology.service_buckets("watcher")] == [
+        "fl-positions",
+        "fl-watcher-records",
+    ]
+    assert topology.bucket("placements").history == 5
+    assert all(b.replicas == 3 for b in topology.buckets)
+    names = [b.name for b in topology.buckets]
+    assert len(names) == len(set(names))
+    assert {"fl-leases", "fl-scheduler-clusters", "fl-watcher-records"} <= set(names)
+    with pytest.raises(KeyError, match="no bucket"):
+        topology.bucket("nope")

@@ -204,3 +204,22 @@ async def test_a_redelivery_queued_behind_its_original_is_not_processed_twice() 
     assert seen == [1, 2]
     assert again.acked_as_duplicate
     await queue.drain(1)
+
+
+async def test_a_reopened_queue_takes_work_again_after_a_drain() -> None:
+    handled: list[int] = []
+
+    async def process(d: FakeDelivery) -> None:
+        handled.append(d.sequence)
+
+    queue = make_queue(process)
+    await queue.drain(timeout=1)
+    refused = FakeDelivery("k", 1)
+    queue.submit(refused)
+    queue.reopen()  # the consumer restarted after a crash
+    accepted = FakeDelivery("k", 2)
+    queue.submit(accepted)
+    await asyncio.wait_for(queue.wait_idle(), 2)
+    assert handled == [2]
+    assert refused.released and not accepted.released
+    await queue.drain(timeout=1)

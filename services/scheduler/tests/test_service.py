@@ -9,6 +9,7 @@ by the test, so every step is explicit and nothing depends on timing.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,15 +24,16 @@ from flotilla.common.errors import InvalidObject, Unavailable
 from flotilla.common.events import (
     CapacityChanged,
     ClusterObserved,
+    ClusterPlacement,
     Envelope,
     PlacementDecided,
     RescheduleRequested,
     ResourceAnalyzed,
 )
 from flotilla.common.infra import NatsServer
+from flotilla.common.store import Conflict
 from flotilla.common.topology import Topology
-from flotilla.scheduler import records
-from flotilla.scheduler.records import PlacementRecord
+from flotilla.scheduler.records import ClusterRecord, PlacementRecord
 from flotilla.scheduler.service import Scheduler
 
 from .builders import (
@@ -431,21 +433,24 @@ def harness_active(record: PlacementRecord) -> dict[str, int | None]:
     return {p.cluster: p.replicas for p in record.clusters if p.state == "Active"}
 
 
-async def test_record_conflict_is_raised(nats_server: NatsServer, unique: str) -> None:
+async def test_cluster_records_are_written_by_compare_and_set(
+    nats_server: NatsServer, unique: str
+) -> None:
     bus = await Bus.connect(
         nats_server.url, topology=Topology(prefix=f"r{unique}", partitions=1), producer="t"
     )
     try:
-        store = records.clusters(await bus.bucket(records.clusters_bucket(bus.topology)))
-        record = records.ClusterRecord(name="x", cluster=None)
-        first = await store.write("x", record, last=0)
-        with pytest.raises(records.Conflict):
-            await store.write("x", record, last=0)
-        second = await store.write("x", record, last=first)
-        with pytest.raises(records.Conflict):
-            await store.write("x", record, last=first)
-        assert await store.get("x") == (record, second)
-        assert await store.get("missing") is None
+        scheduler = await Scheduler.open(bus, FakeCapacityCache())
+        clusters = scheduler.clusters_store
+        record = ClusterRecord(name="x", cluster=None)
+        first = await clusters.write("x", record, last=0)
+        with pytest.raises(Conflict):
+            await clusters.write("x", record, last=0)
+        second = await clusters.write("x", record, last=first)
+        with pytest.raises(Conflict):
+            await clusters.write("x", record, last=first)
+        assert await clusters.get("x") == (record, second)
+        assert await clusters.get("missing") is None
     finally:
         await bus.close()
 
@@ -544,3 +549,104 @@ async def test_redelivered_cluster_change_sends_its_requests_again(harness: Harn
     await harness.handle(drain)
     assert await harness.run_requests() == [web.ref.key]
     assert harness.active(await harness.record(web.ref.key)) == {"b": 2}
+
+
+async def test_a_deleted_object_is_forgotten_after_the_retention(harness: Harness) -> None:
+    scheduler = harness.scheduler
+    await harness.cluster(small("a", "4"))
+    web = make_deployment("web", replicas=1).build()
+    await harness.analyzed(web)
+    await harness.analyzed(web.model_copy(update={"deleted": True}))
+    # Within the retention the deleted record stays: a late event is judged stale by it.
+    assert await scheduler.forget_deleted_once(retention=3600) == 0
+    assert (await harness.record(web.ref.key)).deleted
+    assert await scheduler.forget_deleted_once(retention=0) == 1
+    assert scheduler.index.get(web.ref.key) is None
+    assert await scheduler.placements.get(web.ref.key) is None
+    await scheduler.placements_view.sync(5)
+    assert scheduler.placements_view.get(web.ref.key) is None
+    # Created again later, it is placed like a new object.
+    await harness.analyzed(web)
+    assert harness.active(await harness.record(web.ref.key)) == {"a": 1}
+
+
+async def test_a_removed_cluster_is_forgotten_after_the_retention(harness: Harness) -> None:
+    await harness.cluster(small("a", "4"))
+    await harness.handle(
+        events.envelope(
+            CapacityChanged(cluster="a", available={"cpu": 4}, allocatable={"cpu": 4}),
+            key="a",
+            producer="test",
+        )
+    )
+    await harness.remove_cluster("a")
+    assert "a" in harness.scheduler.clusters.entries
+    assert await harness.scheduler.forget_deleted_once(retention=0) == 1
+    assert "a" not in harness.scheduler.clusters.entries
+    assert await harness.scheduler.clusters_store.get("a") is None
+    assert "a" not in harness.scheduler._capacity_seen
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_ten_thousand_created_and_deleted_objects_leave_nothing_behind(
+    nats_server: NatsServer, unique: str
+) -> None:
+    """Memory and buckets return to their baseline once deleted objects are forgotten.
+
+    The records are written through the store (as `Scheduler.decide` writes them);
+    the whole handler path for one object is covered above."""
+    objects, chunk, retention = 10_000, 500, 0.5
+    cache = FakeCapacityCache()
+    bus, scheduler, tasks = await open_scheduler(nats_server.url, f"f{unique}", cache)
+    try:
+        harness = Harness(bus, scheduler, cache)
+        await harness.cluster(small("a", "4"))
+        await scheduler.placements_view.sync(5)
+        baseline = (scheduler.index.footprint(), len(scheduler.placements_view))
+        baseline_bucket = await scheduler.placements.size()
+        records = [placement(make_deployment(f"web-{i}").build(), "a") for i in range(objects)]
+        revisions: dict[str, int] = {}
+        for start in range(0, objects, chunk):
+            part = records[start : start + chunk]
+            written = await asyncio.gather(*(scheduler.placements.create(r.key, r) for r in part))
+            revisions.update((r.key, w) for r, w in zip(part, written, strict=True))
+        await scheduler.placements_view.sync(30)
+        assert len(scheduler.index) == objects and scheduler.index.placed_on("a")
+        for start in range(0, objects, chunk):
+            part = [deleted(r) for r in records[start : start + chunk]]
+            await asyncio.gather(
+                *(scheduler.placements.update(r.key, r, revisions[r.key]) for r in part)
+            )
+        await scheduler.placements_view.sync(30)
+        assert len(scheduler.placements_view) == objects
+        assert len(scheduler.index.deleted_before(time.monotonic())) == objects
+        full_bucket = await scheduler.placements.size()
+        assert full_bucket >= 2 * objects
+
+        await asyncio.sleep(retention)  # the retention passes
+        assert await scheduler.forget_deleted_once(retention) == objects
+        await scheduler.placements_view.sync(30)
+        assert (scheduler.index.footprint(), len(scheduler.placements_view)) == baseline
+        await asyncio.sleep(retention)  # every follower has had the retention to see them
+        await scheduler.forget_deleted_once(retention)
+        # Only the newest tombstone stays (the bucket's last sequence must exist).
+        assert await scheduler.placements.size() == baseline_bucket + 1
+    finally:
+        await close(bus, tasks)
+
+
+def placement(analyzed: ResourceAnalyzed, *clusters: str) -> PlacementRecord:
+    entries = [ClusterPlacement(cluster=c, replicas=1) for c in clusters]
+    return PlacementRecord(
+        key=analyzed.ref.key,
+        analyzed=analyzed,
+        decided=PlacementDecided(ref=analyzed.ref, decision_id="d", clusters=entries),
+    )
+
+
+def deleted(record: PlacementRecord) -> PlacementRecord:
+    decided = PlacementDecided(
+        ref=record.analyzed.ref, decision_id="gone", clusters=[], deleted=True
+    )
+    return record.model_copy(update={"decided": decided})

@@ -255,17 +255,38 @@ def test_label_keys_of_a_policy() -> None:
     ) == frozenset({"gpu", "region"})
 
 
-@pytest.mark.parametrize(
-    "key",
-    [
-        "apps/v1/Deployment/default/web",
-        "v1/Pod/_/x.y",
-        "example.com/v1beta1/Thing/ns/.odd..name.",
-        "v1/ConfigMap/ns/with space=and*star",
-    ],
-)
-def test_record_keys_round_trip_and_are_valid_kv_keys(key: str) -> None:
-    encoded = records.encode_key(key)
-    assert records.decode_key(encoded) == key
-    assert not encoded.startswith(".") and not encoded.endswith(".") and ".." not in encoded
-    assert all(c.isalnum() or c in "-/_=." for c in encoded)
+def test_index_remembers_when_an_object_was_deleted_and_forgets_it_whole() -> None:
+    now = [100.0]
+    index = state.Index(clock=lambda: now[0])
+    empty = index.footprint()
+    web = make_deployment("web").governed_by(make_policy().selecting(region="eu")).build()
+    pod = make_pod("p").depending_on("v1", "PersistentVolumeClaim", "data").build()
+    index.apply(web.ref.key, placed(web, "c1"), 1)
+    index.apply(pod.ref.key, placed(pod, "c2", pending=1), 2)
+    gone = placed(web).model_copy(
+        update={
+            "decided": PlacementDecided(ref=web.ref, decision_id="x", clusters=[], deleted=True)
+        }
+    )
+    index.apply(web.ref.key, gone, 3)
+    now[0] = 200.0
+    index.apply(web.ref.key, gone, 4)  # seen again: still deleted since 100
+    assert index.deleted_before(150.0) == [web.ref.key]
+    assert index.deleted_before(50.0) == []
+    assert index.get(web.ref.key) is not None  # kept: late events are judged by it
+    index.apply(web.ref.key, None, 5)
+    index.apply(pod.ref.key, None, 6)
+    assert index.deleted_before(1e9) == []
+    assert index.footprint() == empty, "a reverse map kept an empty entry"
+    assert index.dependents("v1/PersistentVolumeClaim/default/data") == set()
+
+
+def test_clusters_view_remembers_removed_clusters_until_forgotten() -> None:
+    view = state.Clusters(clock=lambda: 10.0)
+    view.apply("c1", records.ClusterRecord(name="c1", cluster=make_cluster("c1").build()), 1)
+    assert view.removed_before(20.0) == []
+    view.apply("c1", records.ClusterRecord(name="c1", cluster=None), 2)
+    assert view.removed_before(20.0) == ["c1"]
+    view.apply("c1", None, 3)
+    assert view.removed_before(20.0) == [] and view.get("c1") is None
+    assert view.version == 3

@@ -259,3 +259,51 @@ def test_policy_status_changes_are_not_config_changes() -> None:
     gone = observations.config_deleted(policy, first.record, 9)
     assert gone is not None and isinstance(gone.payload, events.ConfigChanged)
     assert gone.payload.deleted and gone.record is None
+
+
+MANAGED_FIELDS = [{"manager": "kubectl", "operation": "Apply", "fieldsV1": {"f:spec": {}}}]
+
+
+def with_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    managed = copy.deepcopy(obj)
+    managed["metadata"]["managedFields"] = copy.deepcopy(MANAGED_FIELDS)
+    return managed
+
+
+def test_publishable_leaves_out_managed_fields_only() -> None:
+    obj = with_managed_fields(deployment())
+    assert observations.publishable(obj) == deployment()
+    assert obj["metadata"]["managedFields"] == MANAGED_FIELDS, "the input is not changed"
+    assert observations.publishable({"kind": "X"}) == {"kind": "X"}
+
+
+def _published_objects() -> list[tuple[str, dict[str, Any] | None]]:
+    policies = [cluster_policy()]
+    obj = with_managed_fields(deployment())
+    observed = observations.resource_observed(obj, policies, None)
+    assert observed is not None and observed.record is not None
+    unselected = observations.resource_observed(obj, [], observed.record)
+    deleted = observations.resource_deleted(obj, observed.record, 11, policies)
+    config = observations.config_observed(with_managed_fields(cluster()), None)
+    assert config is not None and config.record is not None
+    config_gone = observations.config_deleted(with_managed_fields(cluster()), config.record, 9)
+    changes = {
+        "observed": observed,
+        "unselected": unselected,
+        "deleted": deleted,
+        "cluster": config,
+        "cluster deleted": config_gone,
+    }
+    return [
+        (name, getattr(c.payload, "object", None) if c else None) for name, c in changes.items()
+    ]
+
+
+@pytest.mark.parametrize(
+    "name", ["observed", "unselected", "deleted", "cluster", "cluster deleted"]
+)
+def test_events_carry_objects_without_managed_fields(name: str) -> None:
+    carried = dict(_published_objects())[name]
+    assert carried is not None
+    assert "managedFields" not in carried["metadata"]
+    assert carried["metadata"]["name"]

@@ -15,8 +15,10 @@ and deduplication out.
   carries the outcome out on JetStream.
 - `Bus.replay`: read a window of the event stream by sequence or time, the basis
   of event replay.
+- `Bus.store`: a typed compare-and-set store over one of the topology's buckets
+  (`flotilla.common.store`).
 
-Only this module (and `leases`) import `nats`.
+Only this module, `leases` and `store` import `nats`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import nats
 import nats.errors
@@ -36,8 +38,9 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from opentelemetry import trace
+from pydantic import BaseModel
 
-from flotilla.common import events, telemetry
+from flotilla.common import events, store, telemetry
 from flotilla.common.dispatch import (
     KEY_HEADER,
     TYPE_HEADER,
@@ -68,6 +71,12 @@ DELIVERED_HEADER = "Flotilla-Delivered"
 
 
 FETCH_WAIT = 1.0
+REPLAY_BATCH = 256
+REPLAY_ATTEMPTS = 5
+"""Fetches in a row that may time out before a replay that has not reached the
+window's end (and knows messages are pending) gives up with `Unavailable`."""
+
+M = TypeVar("M", bound=BaseModel)
 
 
 # --- connection, topology, publishing ---------------------------------------------
@@ -197,6 +206,11 @@ class Bus:
         event, headers = stamped(event)
         return subject, headers, events.encode(event)
 
+    async def store(self, spec: BucketSpec, model: type[M]) -> store.Store[M]:
+        """The typed compare-and-set store over bucket `spec` (created if absent)."""
+        kv = await self.bucket(spec)
+        return store.Store(store.JetStreamBucket(self.js, kv, spec.name), model)
+
     async def publish(self, event: events.Envelope) -> api.PubAck:
         subject = self.topology.event_subject(event.type, event.key)
         with telemetry.publish_span(subject, {}, message_id=event.id, tracer=self.tracer):
@@ -319,13 +333,26 @@ class Bus:
         )
         sub = await self.js.pull_subscribe("", stream=stream, config=config)
         count = 0
+        timeouts = 0
+        read = 0
         try:
             while True:
                 try:
-                    batch = await sub.fetch(256, timeout=1.0)
-                except nats.errors.TimeoutError:
-                    return
+                    batch = await sub.fetch(REPLAY_BATCH, timeout=FETCH_WAIT)
+                except TimeoutError:  # nats-py raises its own and asyncio's bare one
+                    # Nothing within the wait: either nothing more matches (done) or
+                    # the server or the network was slow; only the consumer knows.
+                    if await _exhausted(sub, read):
+                        return
+                    timeouts += 1
+                    if timeouts >= REPLAY_ATTEMPTS:
+                        raise Unavailable(
+                            f"reading {stream} timed out {timeouts} times before its end"
+                        ) from None
+                    continue
+                timeouts = 0
                 for msg in batch:
+                    read = msg.metadata.sequence.stream
                     yield msg
                     count += 1
                     if msg.metadata.sequence.stream >= last or (limit and count >= limit):
@@ -333,6 +360,18 @@ class Bus:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+
+async def _exhausted(sub: JetStreamContext.PullSubscription, read: int) -> bool:
+    """Whether a reading consumer has nothing left: nothing pending on the server,
+    and nothing delivered that has not been read (a late answer to a fetch that
+    timed out waits in the subscription for the next fetch)."""
+    try:
+        info = await sub.consumer_info()
+    except (nats.errors.Error, OSError) as exc:
+        raise Unavailable(f"replay consumer lost: {exc}") from exc
+    delivered = info.delivered.stream_seq if info.delivered is not None else 0
+    return not info.num_pending and (delivered or 0) <= read
 
 
 def _subject_token(value: str) -> str:
@@ -395,8 +434,17 @@ class Consumer:
     def partitions(self) -> set[int]:
         return set(self._fetchers)
 
+    @property
+    def leases_lost(self) -> int:
+        """Leases found taken or expired at renewal since the last (re)start."""
+        return self._leases.lost if self._leases is not None else 0
+
     async def run(self) -> None:
-        """Until `stop()`: keep leases, fetch owned partitions, dispatch."""
+        """Until `stop()`: keep leases, fetch owned partitions, dispatch.
+
+        May be called again after it ended (a crash restarted by
+        `flotilla.common.service.guarded`): it starts from scratch."""
+        self.queue.reopen()
         kv = await self.bus.bucket(self.bus.topology.leases_bucket)
         self._leases = PartitionLeases(
             kv,

@@ -57,6 +57,11 @@ class Settings(BaseSettings):
     health_host: str = "0.0.0.0"
     health_port: int = Field(default=8080, ge=0, le=65535)
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
+    tombstone_retention: float = Field(
+        default=600.0,
+        gt=0,
+        description="seconds a deleted object's durable record is kept before it is forgotten",
+    )
 
 
 SettingsT = TypeVar("SettingsT", bound=Settings)

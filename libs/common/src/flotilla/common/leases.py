@@ -15,10 +15,16 @@ Correctness comes from the compare-and-set, not from timing: two replicas may
 briefly disagree about the member list, but never both hold one lease. A replica
 gives a partition up only after draining its in-flight work (the caller's
 `on_release`), so the next owner starts from where it stopped.
+
+Renewal never waits for a drain: a partition being given up drains in a task of
+its own while `tick` keeps renewing every lease still held, its own included, so a
+slow key (a drain may take up to the consumer's ack wait, longer than the lease
+TTL) can never let this replica's other leases lapse.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
@@ -72,6 +78,10 @@ class PartitionLeases:
         self._on_acquire = on_acquire
         self._on_release = on_release
         self.owned: dict[int, int] = {}  # partition -> lease revision
+        self.releasing: dict[int, asyncio.Task[None]] = {}
+        self.lost = 0
+        """Leases this replica found taken or expired when renewing (should stay 0)."""
+        self._lock = asyncio.Lock()  # one lease write at a time: renewals and deletes
 
     def _lease_key(self, partition: int) -> str:
         return f"{self._group}.p{partition}"
@@ -85,7 +95,8 @@ class PartitionLeases:
         return sorted(k[len(prefix) :] for k in keys if k.startswith(prefix))
 
     async def tick(self) -> set[int]:
-        """One round: heartbeat, renew, release what is no longer ours, acquire the rest."""
+        """One round: heartbeat, renew, start giving up what is no longer ours,
+        acquire the rest. Never waits for a partition to drain."""
         await self._kv.put(f"{self._group}.members.{self._instance}", b"1")
         members = await self.members()
         if self._instance not in members:
@@ -93,20 +104,22 @@ class PartitionLeases:
         owners = assignment(self._partitions, members)
         desired = {p for p, member in owners.items() if member == self._instance}
 
-        for partition, revision in list(self.owned.items()):
-            if partition not in desired:
-                await self._give_up(partition, revision)
-                continue
-            try:
-                self.owned[partition] = await self._kv.update(
-                    self._lease_key(partition), self._instance.encode(), last=revision
-                )
-            except (KeyWrongLastSequenceError, KeyNotFoundError):
-                log.warning("lease on partition %d was lost; stopping it", partition)
-                del self.owned[partition]
-                await self._on_release(partition)
+        async with self._lock:
+            for partition, revision in list(self.owned.items()):
+                try:
+                    self.owned[partition] = await self._kv.update(
+                        self._lease_key(partition), self._instance.encode(), last=revision
+                    )
+                except (KeyWrongLastSequenceError, KeyNotFoundError):
+                    log.warning("lease on partition %d was lost; stopping it", partition)
+                    self.lost += 1
+                    del self.owned[partition]
+                    self._release_later(partition)
+                    continue
+                if partition not in desired:
+                    self._release_later(partition)
 
-        for partition in sorted(desired - self.owned.keys()):
+        for partition in sorted(desired - self.owned.keys() - self.releasing.keys()):
             try:
                 revision = await self._kv.create(
                     self._lease_key(partition), self._instance.encode()
@@ -117,17 +130,34 @@ class PartitionLeases:
             await self._on_acquire(partition)
         return set(self.owned)
 
-    async def _give_up(self, partition: int, revision: int) -> None:
-        del self.owned[partition]
-        await self._on_release(partition)
+    def _release_later(self, partition: int) -> None:
+        if partition not in self.releasing:
+            self.releasing[partition] = asyncio.create_task(
+                self._give_up(partition), name=f"release-{self._group}-p{partition}"
+            )
+
+    async def _give_up(self, partition: int) -> None:
+        """Drain (the lease is renewed meanwhile), then delete the lease if still ours."""
         try:
-            await self._kv.delete(self._lease_key(partition), last=revision)
-        except (KeyWrongLastSequenceError, KeyNotFoundError):
-            log.debug("lease on partition %d already gone", partition)
+            await self._on_release(partition)
+        except Exception:
+            log.exception("releasing partition %d failed; giving its lease up anyway", partition)
+        finally:
+            async with self._lock:
+                revision = self.owned.pop(partition, None)
+                if revision is not None:
+                    try:
+                        await self._kv.delete(self._lease_key(partition), last=revision)
+                    except (KeyWrongLastSequenceError, KeyNotFoundError):
+                        log.debug("lease on partition %d already gone", partition)
+                    except Exception:
+                        log.warning("could not delete the lease of partition %d", partition)
+            self.releasing.pop(partition, None)
 
     async def release_all(self) -> None:
-        for partition, revision in list(self.owned.items()):
-            await self._give_up(partition, revision)
+        for partition in list(self.owned):
+            self._release_later(partition)
+        await asyncio.gather(*self.releasing.values(), return_exceptions=True)
         try:
             await self._kv.delete(f"{self._group}.members.{self._instance}")
         except KeyNotFoundError:

@@ -178,6 +178,10 @@ class KeyedQueue(Generic[D]):
                 with contextlib.suppress(Exception):
                     await delivery.heartbeat()
 
+    def reopen(self) -> None:
+        """Take work again after `drain` (a consumer restarted after a crash)."""
+        self._closing = False
+
     async def drain(self, timeout: float) -> None:
         """Stop taking work, let running handlers finish, hand the rest back."""
         self._closing = True

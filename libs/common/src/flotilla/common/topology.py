@@ -50,6 +50,29 @@ class BucketSpec:
 
 
 @dataclass(frozen=True)
+class BucketDeclaration:
+    """A KV bucket a service keeps its durable state in (named ``<prefix>-<name>``)."""
+
+    service: str
+    name: str
+    purpose: str
+    history: int = 1
+
+
+BUCKETS: tuple[BucketDeclaration, ...] = (
+    BucketDeclaration(
+        "scheduler", "placements", "placement record per object, by compare-and-set", history=5
+    ),
+    BucketDeclaration(
+        "scheduler", "scheduler-clusters", "the fleet's clusters as the scheduler last saw them"
+    ),
+    BucketDeclaration("watcher", "positions", "watch resume positions per watched type"),
+    BucketDeclaration("watcher", "watcher-records", "what the watcher last published per object"),
+)
+"""Every service's buckets, created by `flotilla.common.bus.Bus.ensure`."""
+
+
+@dataclass(frozen=True)
 class ConsumerSpec:
     """How one service consumes: which event types, and the redelivery policy."""
 
@@ -103,15 +126,27 @@ class Topology:
     def leases_bucket(self) -> BucketSpec:
         return BucketSpec(name=f"{self.prefix}-leases", ttl=self.lease_ttl, replicas=self.replicas)
 
+    def bucket(self, name: str) -> BucketSpec:
+        """The declared bucket `name` (see `BUCKETS`) of this installation."""
+        for declared in BUCKETS:
+            if declared.name == name:
+                return BucketSpec(
+                    name=f"{self.prefix}-{name}", history=declared.history, replicas=self.replicas
+                )
+        raise KeyError(f"no bucket {name!r} is declared")
+
+    def service_buckets(self, service: str) -> tuple[BucketSpec, ...]:
+        return tuple(self.bucket(d.name) for d in BUCKETS if d.service == service)
+
     @property
     def placements_bucket(self) -> BucketSpec:
         """Durable placement record per object, updated by compare-and-set."""
-        return BucketSpec(name=f"{self.prefix}-placements", history=5, replicas=self.replicas)
+        return self.bucket("placements")
 
     @property
     def positions_bucket(self) -> BucketSpec:
         """Watch resume positions (resourceVersions) per watched type."""
-        return BucketSpec(name=f"{self.prefix}-positions", replicas=self.replicas)
+        return self.bucket("positions")
 
     @property
     def streams(self) -> tuple[StreamSpec, ...]:
@@ -121,8 +156,7 @@ class Topology:
     def buckets(self) -> tuple[BucketSpec, ...]:
         return (
             self.leases_bucket,
-            self.placements_bucket,
-            self.positions_bucket,
+            *(self.bucket(declared.name) for declared in BUCKETS),
             *self.extra_buckets,
         )
 

@@ -85,9 +85,10 @@ from flotilla.common.middleware import Reporter
 from flotilla.common.rediscapacity import DEFAULT_PREFIX, RedisCapacityCache
 from flotilla.common.router import Router
 from flotilla.common.service import Runtime
-from flotilla.scheduler import core, records, state
+from flotilla.common.store import Conflict, Follower, Store
+from flotilla.scheduler import core, state
 from flotilla.scheduler.model import Decision, Fleet, SchedulingInput
-from flotilla.scheduler.records import ClusterRecord, Conflict, KeyValueStore, PlacementRecord
+from flotilla.scheduler.records import ClusterRecord, PlacementRecord
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +152,8 @@ class Scheduler:
         *,
         bus: Bus,
         cache: CapacityCache,
-        placements: KeyValueStore,
-        clusters: KeyValueStore,
+        placements: Store[PlacementRecord],
+        clusters: Store[ClusterRecord],
         reservation_ttl: float = 300.0,
         sync_timeout: float = 5.0,
         snapshot_max_age: float = 0.5,
@@ -175,9 +176,8 @@ class Scheduler:
         """Clusters whose reservations this replica changed since the shared snapshot."""
         self.index = state.Index()
         self.clusters = state.Clusters()
-        self._index_ready = asyncio.Event()
-        self._clusters_ready = asyncio.Event()
-        self._clusters_changed = asyncio.Condition()
+        self.placements_view = Follower(placements, on_change=self.index.apply)
+        self.clusters_view = Follower(clusters, on_change=self.clusters.apply)
         self._capacity_seen: dict[str, Mapping[str, int]] = {}
         self.decisions = 0
         """Decisions made (for the benchmark and tests); published or not."""
@@ -193,13 +193,11 @@ class Scheduler:
         snapshot_max_age: float = 0.5,
         reporter: Reporter | None = None,
     ) -> Scheduler:
-        placements_kv = await bus.bucket(bus.topology.placements_bucket)
-        clusters_kv = await bus.bucket(records.clusters_bucket(bus.topology))
         return cls(
             bus=bus,
             cache=cache,
-            placements=records.placements(placements_kv),
-            clusters=records.clusters(clusters_kv),
+            placements=await bus.store(bus.topology.bucket("placements"), PlacementRecord),
+            clusters=await bus.store(bus.topology.bucket("scheduler-clusters"), ClusterRecord),
             reservation_ttl=reservation_ttl,
             sync_timeout=sync_timeout,
             snapshot_max_age=snapshot_max_age,
@@ -218,39 +216,67 @@ class Scheduler:
 
     async def follow_placements(self) -> None:
         """Keep the index equal to the placements bucket (run under `Runtime.spawn`)."""
-        async for key, record, version in self.placements.watch():
-            if not key:
-                self._index_ready.set()
-                continue
-            self.index.apply(key, record, version)
+        await self.placements_view.run()
 
     async def follow_clusters(self) -> None:
         """Keep the cluster view equal to the clusters bucket (run under `Runtime.spawn`)."""
-        async for name, record, version in self.clusters_store.watch():
-            if name:
-                self.clusters.apply(name, record, version)
-            else:
-                self._clusters_ready.set()
-            async with self._clusters_changed:
-                self._clusters_changed.notify_all()
+        await self.clusters_view.run()
 
     async def ready(self, timeout: float | None = None) -> None:
         """Until both buckets have been read once."""
-        async with asyncio.timeout(timeout):
-            await self._index_ready.wait()
-            await self._clusters_ready.wait()
+        try:
+            async with asyncio.timeout(timeout):
+                await self.placements_view.caught_up()
+                await self.clusters_view.caught_up()
+        except TimeoutError:
+            raise Unavailable("placement records or clusters not loaded yet") from None
 
     async def _sync_clusters(self) -> int:
         """Wait until every cluster written so far is in the local view; its revision."""
-        try:
-            async with asyncio.timeout(self.sync_timeout):
-                await self.ready()
-                newest = await self.clusters_store.last_revision()
-                async with self._clusters_changed:
-                    await self._clusters_changed.wait_for(lambda: self.clusters.version >= newest)
-        except TimeoutError:
-            raise Unavailable("the cluster view is behind the clusters bucket") from None
+        await self.ready(self.sync_timeout)
+        await self.clusters_view.sync(self.sync_timeout)
         return self.clusters.version
+
+    async def forget_deleted(self, retention: float) -> None:
+        """Forget deleted objects and removed clusters after `retention` seconds, for
+        good (run under `Runtime.spawn`): the records are tombstoned, which drops
+        them from every replica's memory, and the tombstones are purged from the
+        buckets once every follower has had `retention` to see them."""
+        while True:
+            await asyncio.sleep(max(retention / 4, 0.05))
+            await self.forget_deleted_once(retention)
+
+    async def forget_deleted_once(self, retention: float) -> int:
+        """One round of `forget_deleted`; how many records were tombstoned."""
+        cutoff = time.monotonic() - retention
+
+        async def forget(key: str) -> bool:
+            entry = self.index.get(key)
+            if entry is None or not entry.record.deleted:
+                return False
+            try:
+                self.index.apply(key, None, await self.placements.delete(key, entry.version))
+            except Conflict:  # re-created, or another replica was first
+                return False
+            return True
+
+        keys = self.index.deleted_before(cutoff)
+        forgotten = 0
+        for start in range(0, len(keys), CACHE_CONCURRENCY):
+            done = await asyncio.gather(*map(forget, keys[start : start + CACHE_CONCURRENCY]))
+            forgotten += sum(done)
+        for name in self.clusters.removed_before(cutoff):
+            found = self.clusters.entries.get(name)
+            if found is not None and found.record.cluster is None:
+                with contextlib.suppress(Conflict):
+                    self.clusters.apply(
+                        name, None, await self.clusters_store.delete(name, found.version)
+                    )
+                    self._capacity_seen.pop(name, None)
+                    forgotten += 1
+        await self.placements.purge_tombstones(retention)
+        await self.clusters_store.purge_tombstones(retention)
+        return forgotten
 
     async def _fleet(self, view: int, *, refreshed: Collection[str] = ()) -> Fleet:
         """The clusters and a capacity snapshot, kept up to date cheaply.
@@ -370,16 +396,12 @@ class Scheduler:
 
     async def readiness(self) -> bool | str:
         """For ``/readyz``: ready once both buckets have been read."""
-        if self._index_ready.is_set() and self._clusters_ready.is_set():
+        if self.placements_view.is_caught_up and self.clusters_view.is_caught_up:
             return True
         return "placement records or clusters not loaded yet"
 
     async def index_ready(self) -> None:
-        try:
-            async with asyncio.timeout(self.sync_timeout):
-                await self._index_ready.wait()
-        except TimeoutError:
-            raise Unavailable("the placement index has not been loaded yet") from None
+        await self.placements_view.caught_up(self.sync_timeout)
 
     async def _request(
         self, keys: Iterable[str], reason: str, *, dedupe: tuple[object, ...]
@@ -701,6 +723,7 @@ async def setup(rt: Runtime) -> Scheduler:
 
     rt.spawn("follow-placements", scheduler.follow_placements)
     rt.spawn("follow-clusters", scheduler.follow_clusters)
+    rt.spawn("forget-deleted", lambda: scheduler.forget_deleted(settings.tombstone_retention))
     rt.health.add_readiness_check("placements", scheduler.readiness)
     rt.serve(scheduler.router(), reporter=reporter)
     return scheduler

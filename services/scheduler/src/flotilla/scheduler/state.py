@@ -30,13 +30,20 @@ a placement changed                            objects that depend on that objec
 
 Nothing here does I/O; versions (KV revisions) make applying the same update
 twice, or an older one after a newer one, a no-op.
+
+Memory follows the live objects: a deleted object's record is kept (it holds the
+revision late events are judged stale by) and remembered with the time it was
+deleted, until the service tombstones it after the retention period; the
+tombstone (``None``) drops the key from every map, and a reverse-map entry that
+becomes empty goes with it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from flotilla.common import api
@@ -107,8 +114,11 @@ class Entry:
 class Index:
     """Every object's placement record, with the reverse maps changes are matched by."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.entries: dict[str, Entry] = {}
+        self._clock = clock
+        self._deleted_at: dict[str, float] = {}
+        """Keys whose record says deleted, with when this index first saw that."""
         self._on_cluster: defaultdict[str, set[str]] = defaultdict(set)
         self._waiting: set[str] = set()
         self._copies: set[str] = set()
@@ -128,12 +138,16 @@ class Index:
             return False
         if old is not None:
             self._unlink(key, old)
-        if record is None or record.deleted:
+        if record is None:
             self.entries.pop(key, None)
-            if record is not None:
-                # A tombstone still holds the revision stale events are judged by.
-                self.entries[key] = Entry.of(record, version)
+            self._deleted_at.pop(key, None)
             return True
+        if record.deleted:
+            # A deleted record still holds the revision stale events are judged by.
+            self.entries[key] = Entry.of(record, version)
+            self._deleted_at.setdefault(key, self._clock())
+            return True
+        self._deleted_at.pop(key, None)
         entry = Entry.of(record, version)
         self.entries[key] = entry
         for cluster in entry.clusters:
@@ -150,13 +164,28 @@ class Index:
 
     def _unlink(self, key: str, entry: Entry) -> None:
         for cluster in entry.clusters:
-            self._on_cluster[cluster].discard(key)
+            _discard(self._on_cluster, cluster, key)
         self._waiting.discard(key)
         self._copies.discard(key)
         for label in entry.label_keys:
-            self._by_label[label].discard(key)
+            _discard(self._by_label, label, key)
         for dependency in entry.dependencies:
-            self._dependents[dependency].discard(key)
+            _discard(self._dependents, dependency, key)
+
+    def deleted_before(self, moment: float) -> list[str]:
+        """Keys whose record has said deleted since before `moment` (the clock's time)."""
+        return sorted(key for key, since in self._deleted_at.items() if since <= moment)
+
+    def footprint(self) -> int:
+        """How many keys all maps hold together (what forgetting keeps bounded)."""
+        reverse = (self._on_cluster, self._by_label, self._dependents)
+        return (
+            len(self.entries)
+            + len(self._deleted_at)
+            + len(self._waiting)
+            + len(self._copies)
+            + sum(len(m) + sum(map(len, m.values())) for m in reverse)
+        )
 
     def placed_on(self, cluster: str) -> set[str]:
         return set(self._on_cluster.get(cluster, ()))
@@ -197,6 +226,14 @@ class Index:
         return pinned
 
 
+def _discard(reverse: defaultdict[str, set[str]], name: str, key: str) -> None:
+    keys = reverse.get(name)
+    if keys is not None:
+        keys.discard(key)
+        if not keys:
+            del reverse[name]
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterEntry:
     record: ClusterRecord
@@ -206,10 +243,12 @@ class ClusterEntry:
 class Clusters:
     """Every cluster as last written to the clusters bucket, and the newest revision seen."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.entries: dict[str, ClusterEntry] = {}
         self.version = 0
         """The newest KV revision taken in; `flotilla.scheduler.service` waits on it."""
+        self._clock = clock
+        self._removed_at: dict[str, float] = {}
 
     def apply(self, name: str, record: ClusterRecord | None, version: int) -> bool:
         self.version = max(self.version, version)
@@ -218,9 +257,18 @@ class Clusters:
             return False
         if record is None:
             self.entries.pop(name, None)
+            self._removed_at.pop(name, None)
         else:
             self.entries[name] = ClusterEntry(record, version)
+            if record.cluster is None:
+                self._removed_at.setdefault(name, self._clock())
+            else:
+                self._removed_at.pop(name, None)
         return True
+
+    def removed_before(self, moment: float) -> list[str]:
+        """Clusters recorded as removed since before `moment` (the clock's time)."""
+        return sorted(name for name, since in self._removed_at.items() if since <= moment)
 
     def get(self, name: str) -> ClusterRecord | None:
         entry = self.entries.get(name)

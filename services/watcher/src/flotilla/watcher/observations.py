@@ -39,6 +39,10 @@ published on every change but a bare ``resourceVersion``/``managedFields`` bump;
 a `Cluster`'s status (heartbeats, capacity, conditions) counts, the others'
 status does not.
 
+**What events carry**: the object as the hub has it, without
+``metadata.managedFields`` (server-side apply bookkeeping, often larger than the
+object itself, and of no use to any later stage): `publishable`.
+
 **Records** are small on purpose (no full object): the key, uid, the last
 revision, the fingerprint and a stub of identifying metadata — what is needed to
 publish a deletion noticed only by re-listing after downtime. Such a deletion
@@ -183,6 +187,15 @@ def user_view(obj: Mapping[str, Any], *, keep_status: bool = False) -> JsonObjec
     return view
 
 
+def publishable(obj: Mapping[str, Any]) -> JsonObject:
+    """The object as events carry it: ``metadata.managedFields`` left out."""
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, Mapping) or "managedFields" not in metadata:
+        return dict(obj)
+    kept = {k: v for k, v in metadata.items() if k != "managedFields"}
+    return {**obj, "metadata": kept}
+
+
 def _digest(value: Any) -> str:
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -259,7 +272,7 @@ def resource_observed(
         if known is None:
             return None
         fingerprint = resource_fingerprint(obj, None)
-        payload: events.AnyPayload = events.ResourceObserved(ref=ref, object=dict(obj))
+        payload: events.AnyPayload = events.ResourceObserved(ref=ref, object=publishable(obj))
         return _change(payload, obj, fingerprint, None)
     fingerprint = resource_fingerprint(obj, policy, interpreter)
     record = _record(obj, fingerprint, policy_ref(policy))
@@ -267,7 +280,7 @@ def resource_observed(
         return None
     payload = events.ResourceObserved(
         ref=ref,
-        object=dict(obj),
+        object=publishable(obj),
         policy=record.policy,
         policy_spec=policy.spec,
         interpreter=interpreter,
@@ -294,7 +307,7 @@ def resource_deleted(
     )
     payload = events.ResourceObserved(
         ref=ObjectRef.of(dict(obj)),
-        object=dict(obj),
+        object=publishable(obj),
         deleted=True,
         policy=known.policy,
         policy_spec=spec,
@@ -322,8 +335,10 @@ def config_deleted(obj: Mapping[str, Any], known: Record | None, revision: int) 
 def _config_payload(obj: Mapping[str, Any], *, deleted: bool) -> events.AnyPayload:
     if obj.get("kind") == CLUSTER_KIND:
         name = str(_metadata(obj).get("name", ""))
-        return events.ClusterObserved(cluster=name, object=dict(obj), deleted=deleted)
-    return events.ConfigChanged(ref=ObjectRef.of(dict(obj)), object=dict(obj), deleted=deleted)
+        return events.ClusterObserved(cluster=name, object=publishable(obj), deleted=deleted)
+    return events.ConfigChanged(
+        ref=ObjectRef.of(dict(obj)), object=publishable(obj), deleted=deleted
+    )
 
 
 def _change(

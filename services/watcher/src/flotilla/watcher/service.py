@@ -388,4 +388,5 @@ async def setup(rt: Runtime) -> Watcher:
     records = await state.load_records()
     watcher = Watcher(rt.bus, api, dyn, state, records, unserved_retry=settings.unserved_retry)
     rt.spawn("watcher", watcher.run)
+    rt.spawn("forget-deleted", lambda: state.forget_deleted(settings.tombstone_retention))
     return watcher

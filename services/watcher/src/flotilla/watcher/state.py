@@ -1,43 +1,46 @@
-"""The watcher's durable memory in JetStream KV: watch positions and published records.
+"""The watcher's durable memory: watch positions and published records, each in one of
+the watcher's buckets (declared in `flotilla.common.topology`) through
+`flotilla.common.store`.
 
-The watcher holds no state that a restart loses (ARCHITECTURE.md section 2):
+The watcher holds no state that a restart loses:
 
-* **positions** — the last resourceVersion handled per watched type, in the
-  topology's positions bucket under ``pos.<group>.<version>.<Kind>``; a restarted
-  watcher resumes its watches there instead of re-listing.
+* **positions** — the last resourceVersion handled per watched type, under
+  ``pos.<group>.<version>.<Kind>``; a restarted watcher resumes its watches there
+  instead of re-listing.
 * **records** — per published object, the `observations.Record` of what was last
-  published, in the bucket ``<prefix>-watcher-records`` under ``obj.<hash of the
-  key>``. They let a re-list after downtime (410 Expired) publish deletions of
-  objects that vanished meanwhile, and keep fingerprints across restarts so a
-  restart republishes nothing that did not change.
+  published, under ``obj.<hash of the key>`` (bounded length whatever the key).
+  They let a re-list after downtime (410 Expired) publish deletions of objects
+  that vanished meanwhile, and keep fingerprints across restarts so a restart
+  republishes nothing that did not change.
 
 Writes are last-writer-wins puts: one watcher replica is active at a time (a
 second replica would publish the same events with the same ids, which JetStream
-deduplicates, but it is not the intended setup).
+deduplicates, but it is not the intended setup). A forgotten record or position
+leaves a tombstone, purged after the retention period (`WatchState.forget_deleted`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
-from typing import Any
 
-import nats.errors
-import nats.js.errors
+from pydantic import BaseModel, ConfigDict
 
 from flotilla.common.api import GroupVersionKind
 from flotilla.common.bus import Bus
-from flotilla.common.errors import Unavailable
-from flotilla.common.topology import BucketSpec
+from flotilla.common.store import Store, Unreadable
 from flotilla.watcher.observations import Record
 
 log = logging.getLogger(__name__)
 
-INITIAL_LOAD_TIMEOUT = 10.0
 
+class Position(BaseModel):
+    """Where the watch of one type resumes."""
 
-def records_bucket(prefix: str) -> BucketSpec:
-    return BucketSpec(name=f"{prefix}-watcher-records")
+    model_config = ConfigDict(frozen=True)
+
+    resource_version: str
 
 
 def position_key(gvk: GroupVersionKind) -> str:
@@ -50,85 +53,56 @@ def record_key(key: str) -> str:
 
 
 class WatchState:
-    """Positions and records over two KV buckets (create with `open`)."""
+    """Positions by watched type and records by object key (create with `open`)."""
 
-    def __init__(self, positions: Any, records: Any) -> None:
-        self._positions = positions
-        self._records = records
+    def __init__(self, positions: Store[Position], records: Store[Record]) -> None:
+        self.positions = positions
+        self.records = records
         self._saved: dict[GroupVersionKind, str] = {}
 
     @classmethod
     async def open(cls, bus: Bus) -> WatchState:
         topology = bus.topology
-        try:
-            positions = await bus.bucket(topology.positions_bucket)
-            records = await bus.bucket(records_bucket(topology.prefix))
-        except (nats.errors.Error, OSError) as exc:
-            raise Unavailable(f"watcher state buckets unavailable: {exc}") from exc
-        return cls(positions, records)
+        return cls(
+            await bus.store(topology.bucket("positions"), Position),
+            await bus.store(topology.bucket("watcher-records"), Record),
+        )
 
     async def get(self, gvk: GroupVersionKind) -> str | None:
         try:
-            entry = await self._positions.get(position_key(gvk))
-        except nats.js.errors.KeyNotFoundError:
+            entry = await self.positions.get(position_key(gvk))
+        except Unreadable as error:
+            log.warning("re-listing %s: %s", gvk, error)
             return None
-        except (nats.errors.Error, OSError) as exc:
-            raise Unavailable(f"reading the watch position of {gvk}: {exc}") from exc
-        value = entry.value.decode() if entry.value else ""
-        if value:
-            self._saved[gvk] = value
-        return value or None
+        if entry is None or not entry.value.resource_version:
+            return None
+        self._saved[gvk] = entry.value.resource_version
+        return entry.value.resource_version
 
     async def put(self, gvk: GroupVersionKind, resource_version: str) -> None:
         if self._saved.get(gvk) == resource_version:
             return
-        try:
-            await self._positions.put(position_key(gvk), resource_version.encode())
-        except (nats.errors.Error, OSError) as exc:
-            raise Unavailable(f"saving the watch position of {gvk}: {exc}") from exc
+        await self.positions.put(position_key(gvk), Position(resource_version=resource_version))
         self._saved[gvk] = resource_version
 
     async def forget_position(self, gvk: GroupVersionKind) -> None:
         self._saved.pop(gvk, None)
-        try:
-            await self._positions.delete(position_key(gvk))
-        except (nats.errors.Error, OSError) as exc:
-            raise Unavailable(f"dropping the watch position of {gvk}: {exc}") from exc
+        await self.positions.delete(position_key(gvk))
 
     async def load_records(self) -> dict[str, Record]:
-        """Every record, by object key."""
-        try:
-            watcher = await self._records.watch("obj.>", ignore_deletes=True)
-        except (nats.errors.Error, OSError) as exc:
-            raise Unavailable(f"reading watcher records: {exc}") from exc
-        found: dict[str, Record] = {}
-        try:
-            while True:
-                try:
-                    entry = await watcher.updates(timeout=INITIAL_LOAD_TIMEOUT)
-                except nats.errors.TimeoutError as exc:
-                    raise Unavailable("reading watcher records timed out") from exc
-                if entry is None:
-                    return found
-                if not entry.value:
-                    continue
-                try:
-                    record = Record.model_validate_json(entry.value)
-                except ValueError:
-                    log.warning("dropping unreadable watcher record %s", entry.key)
-                    continue
-                found[record.key] = record
-        finally:
-            await watcher.stop()
+        """Every record, by object key (unreadable ones are logged and dropped)."""
+        return {entry.value.key: entry.value for entry in (await self.records.load()).values()}
 
     async def save(self, record: Record) -> None:
-        try:
-            await self._records.put(record_key(record.key), record.model_dump_json().encode())
-        except (nats.errors.Error, OSError) as exc:
-            raise Unavailable(f"saving the record of {record.key}: {exc}") from exc
+        await self.records.put(record_key(record.key), record)
 
     async def forget(self, key: str) -> None:
-        try:
-            await self._records.delete(record_key(key))
-        except (nats.errors.Error, OSError) as exc:
-            raise Unavailable(f"dropping the record of {key}: {exc}") from exc
+        await self.records.delete(record_key(key))
+
+    async def forget_deleted(self, retention: float) -> None:
+        """Purge tombstones older than `retention` from both buckets, now and then
+        (run under `Runtime.spawn`)."""
+        while True:
+            await asyncio.sleep(max(retention / 4, 0.05))
+            await self.positions.purge_tombstones(retention)
+            await self.records.purge_tombstones(retention)
