@@ -4,9 +4,10 @@ Two ``flotilla-scheduler`` OS processes (separate bus connections, instance name
 and partition leases) share one installation. Five clusters with tight capacity
 are announced (``ClusterObserved`` + capacity records in Redis), then 500 objects
 (``ResourceAnalyzed`` published directly), then a scale-up of 100 of them while the
-first wave is still being decided, and one cluster is drained meanwhile. Demand
-is well above what the fleet holds, so reservations are contested and many
-objects stay Pending.
+first wave is still being decided, and one cluster is drained meanwhile (cordoned,
+and every object asked to avoid it, as the drain coordinator does). Demand is well
+above what the fleet holds, so reservations are contested and many objects stay
+Pending.
 
 Checked once both processes are idle:
 
@@ -42,6 +43,7 @@ from flotilla.common.events import (
     ClusterObserved,
     ObjectRef,
     PlacementDecided,
+    RescheduleRequested,
     ResourceAnalyzed,
 )
 from flotilla.common.infra import NatsServer, RedisServer
@@ -228,9 +230,11 @@ async def test_two_scheduler_processes_share_the_work_without_overcommit(
             for i in range(1, OBJECTS, OBJECTS // SCALED)
         ]
         await bus.publish_batch(scaled)
-        # And drain one cluster meanwhile: what runs there moves (make-before-break).
+        # And drain one cluster meanwhile, as the drain coordinator does: cordon it,
+        # then ask for every object to avoid it; what runs there moves
+        # (make-before-break).
         drained = cluster_object(names[0])
-        drained["spec"]["evictAfter"] = "2020-01-01T00:00:00Z"
+        drained["spec"]["unschedulable"] = True
         await bus.publish(
             events.envelope(
                 ClusterObserved(cluster=names[0], object=drained),
@@ -238,6 +242,19 @@ async def test_two_scheduler_processes_share_the_work_without_overcommit(
                 producer="test",
                 revision=2,
             )
+        )
+        await bus.publish_batch(
+            [
+                events.envelope(
+                    RescheduleRequested(
+                        ref=o.ref, reason=f"drain {names[0]}", avoid_clusters=[names[0]]
+                    ),
+                    key=o.ref.key,
+                    producer="test",
+                    dedupe=("drain", names[0]),
+                )
+                for o in objects
+            ]
         )
         latest = {e.key: e for e in first} | {e.key: e for e in scaled}
 

@@ -279,42 +279,9 @@ def test_cordon(case: Case) -> None:
     check("cordon", case)
 
 
-DRAIN_CASES = [
-    Case("no evictAfter passes", [make_cluster("a")], {}),
-    Case(
-        "evictAfter passed rejects existing",
-        [make_cluster("a").draining(NOW - timedelta(seconds=1))],
-        {"a": "every placement moves away"},
-        previous=placed(("a", 3)),
-    ),
-    Case(
-        "evictAfter now counts as passed",
-        [make_cluster("a").draining(NOW)],
-        {"a": "draining since"},
-        previous=placed(("a", 3)),
-    ),
-    Case(
-        "future drain rejects new",
-        [make_cluster("a").draining(NOW + timedelta(hours=1))],
-        {"a": "no new placements"},
-    ),
-    Case(
-        "past drain rejects new with the same reason",
-        [make_cluster("a").draining(NOW - timedelta(hours=1))],
-        {"a": "draining (spec.evictAfter 2026-11-29T11:00:00+00:00); no new placements"},
-    ),
-    Case(
-        "future drain keeps existing",
-        [make_cluster("a").draining(NOW + timedelta(hours=1))],
-        {},
-        previous=placed(("a", 3)),
-    ),
-]
-
-
-@pytest.mark.parametrize("case", DRAIN_CASES, ids=ids(DRAIN_CASES))
-def test_draining(case: Case) -> None:
-    check("draining", case)
+def test_evict_after_is_not_a_filter() -> None:
+    """Draining is the drain coordinator's call (``avoid_clusters``), not a filter."""
+    assert "draining" not in filters.FILTERS
 
 
 READY_CASES = [
@@ -499,7 +466,6 @@ def test_every_filter_has_a_table() -> None:
         "reschedule",
         "cluster-names",
         "cluster-selector",
-        "draining",
         "cordon",
         "ready",
         "taints",

@@ -180,6 +180,14 @@ async def harness(nats_server: NatsServer, unique: str) -> AsyncIterator[Harness
         await close(bus, tasks)
 
 
+def reschedule(
+    analyzed: ResourceAnalyzed, reason: str, *, avoid: list[str] | None = None
+) -> Envelope:
+    """A ``RescheduleRequested`` as the drain coordinator sends it."""
+    command = RescheduleRequested(ref=analyzed.ref, reason=reason, avoid_clusters=avoid or [])
+    return events.envelope(command, key=analyzed.ref.key, producer="test", dedupe=(reason,))
+
+
 def small(name: str, cpu: str = "1", labels: dict[str, str] | None = None) -> ClusterBuilder:
     """A Ready cluster with one node of `cpu` CPUs."""
     return make_cluster(name).with_labels(**(labels or {})).with_room(1, cpu=cpu, memory="64Gi")
@@ -258,9 +266,11 @@ async def test_unschedulable_is_pending_and_retried_only_when_capacity_grows(
     assert len(harness.reporter.warnings) == 1, "a placed object is not warned about"
 
 
-async def test_cordon_reevaluates_nothing_and_drain_moves_what_is_placed(
+async def test_cordon_and_evict_after_reevaluate_nothing_and_avoid_clusters_moves(
     harness: Harness,
 ) -> None:
+    """The drain coordinator decides when a cluster drains: the scheduler ignores
+    ``evictAfter`` and moves what runs there when asked with ``avoid_clusters``."""
     await harness.cluster(small("a", "4"))
     web = make_deployment("web", replicas=2).build()
     await harness.analyzed(web)
@@ -272,7 +282,9 @@ async def test_cordon_reevaluates_nothing_and_drain_moves_what_is_placed(
     assert await harness.run_requests() == []
 
     await harness.cluster(small("a", "4").cordoned().draining())
-    assert await harness.run_requests() == [web.ref.key]
+    assert await harness.run_requests() == []
+    assert harness.active(await harness.record(web.ref.key)) == {"a": 2}
+    await harness.handle(reschedule(web, "drain cluster a", avoid=["a"]))
     record = await harness.record(web.ref.key)
     assert harness.active(record) == {"b": 2}
     assert {p.cluster: p.state for p in record.clusters}["a"] == "Retiring"
@@ -503,7 +515,7 @@ async def test_redelivered_cluster_change_sends_its_requests_again(harness: Harn
     await harness.analyzed(web)
     await harness.cluster(small("b", "4"))
     await harness.run_requests()
-    drain = harness.cluster_event(small("a", "4").draining())
+    drain = harness.cluster_event(small("a", "4").with_taint("gone", "", "NoExecute"))
     sending = harness.scheduler._request
 
     async def bus_down(*args: Any, **kwargs: Any) -> None:
@@ -516,3 +528,25 @@ async def test_redelivered_cluster_change_sends_its_requests_again(harness: Harn
     await harness.handle(drain)
     assert await harness.run_requests() == [web.ref.key]
     assert harness.active(await harness.record(web.ref.key)) == {"b": 2}
+
+
+async def test_an_unchanged_placement_in_another_order_publishes_nothing(
+    harness: Harness,
+) -> None:
+    """Strategies list clusters in score order; scores follow capacity. The same
+    clusters listed in another order are the same placement: nothing is announced."""
+    for name in ("a", "b", "c"):
+        await harness.cluster(small(name, "4"))
+    agent = make_daemonset("agent").with_requests(cpu="100m").build()
+    await harness.analyzed(agent)
+    first = await harness.decided(agent.ref.key)
+    assert len(first) == 1
+    order = [p.cluster for p in first[0].clusters]
+
+    # The last-ranked cluster becomes the roomiest: the score order changes.
+    await harness.cache.put(small(order[-1], "64").record())  # type: ignore[arg-type]
+    await harness.handle(reschedule(agent, "look again"))
+    await harness.handle(reschedule(agent, "and again"))
+    assert await harness.decided(agent.ref.key) == first
+    record = await harness.record(agent.ref.key)
+    assert record.decided == first[0]

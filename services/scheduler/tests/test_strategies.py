@@ -341,8 +341,8 @@ def test_any_stays_on_the_current_cluster(current: str) -> None:
 
 
 def test_any_leaves_the_current_cluster_when_it_is_no_longer_eligible() -> None:
-    clusters = [make_cluster("a").draining(), make_cluster("b")]
-    outcome = assign(make_input(make_pod(), clusters, previous=placed(("a", 1))))
+    clusters = [make_cluster("a"), make_cluster("b")]
+    outcome = assign(make_input(make_pod(), clusters, previous=placed(("a", 1)), avoid=["a"]))
     assert outcome.placements == [("b", 1)]
 
 

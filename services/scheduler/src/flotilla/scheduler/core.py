@@ -236,7 +236,8 @@ def _finish(
             str(schedulable),
             str(pending),
             str(deleted),
-            *(f"{p.cluster}={p.replicas}:{p.state}" for p in clusters),
+            # Sorted: the same placement listed in another score order is the same.
+            *sorted(f"{p.cluster}={p.replicas}:{p.state}" for p in clusters),
             # Insertion order is deterministic: filters walk the fleet in name order.
             *rejections,
             *[verdict.line for verdict in rejections.values()],

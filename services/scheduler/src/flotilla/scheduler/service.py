@@ -670,9 +670,19 @@ def _unplaced(analyzed: ResourceAnalyzed, placed: Sequence[ClusterPlacement]) ->
     return max(wanted - sum(_active(placed).values()), 1)
 
 
+def placement_identity(clusters: Iterable[ClusterPlacement]) -> frozenset[ClusterPlacement]:
+    """What a placement *is*: which clusters hold how many replicas in which state.
+
+    Strategies list clusters in score order, and scores move with capacity and
+    load; two decisions that put the same replicas on the same clusters are the
+    same placement, whatever order they list them in.
+    """
+    return frozenset(clusters)
+
+
 def _placement_changed(current: PlacementRecord, decision: Decision) -> bool:
     return (
-        tuple(current.decided.clusters) != tuple(decision.clusters)
+        placement_identity(current.decided.clusters) != placement_identity(decision.clusters)
         or current.deleted != decision.deleted
         or current.schedulable != decision.schedulable
         or current.pending != decision.pending

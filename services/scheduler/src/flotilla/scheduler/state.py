@@ -17,13 +17,14 @@ change to a cluster                            re-evaluated
 =============================================  ========================================
 cordoned (``unschedulable`` set)               nothing: cordon stops only new placements
 new cluster, uncordoned, Ready again, taint    Pending objects, and ``copy`` objects
-removed, drain cancelled, APIs added           (they go to every eligible cluster)
-drain (``evictAfter`` set or moved), NotReady,  objects placed there (Active or Retiring)
-taint added, APIs removed, cluster deleted
+removed, APIs added                            (they go to every eligible cluster)
+NotReady, taint added, APIs removed, cluster   objects placed there (Active or Retiring)
+deleted
 labels added, removed or changed               objects whose policy mentions that label
                                                key (selector, spread, weights)
 status only (heartbeat, placements count,      nothing
-capacity figures)
+capacity figures), ``evictAfter``               (draining is the drain coordinator's
+                                               call: it asks with ``avoid_clusters``)
 more capacity (``CapacityChanged``)            Pending objects
 a placement changed                            objects that depend on that object
 =============================================  ========================================
@@ -254,7 +255,6 @@ class Facts:
     labels: Mapping[str, str]
     taints: frozenset[tuple[str, str, str]]
     unschedulable: bool
-    evict_after: str | None
     ready: bool
     api_resources: frozenset[api.GroupVersionKind]
 
@@ -265,7 +265,6 @@ class Facts:
             labels=dict(cluster.metadata.labels),
             taints=frozenset((t.key, t.value, t.effect.value) for t in cluster.spec.taints),
             unschedulable=cluster.spec.unschedulable,
-            evict_after=cluster.spec.evict_after.isoformat() if cluster.spec.evict_after else None,
             ready=ready is not None and ready.status is api.ConditionStatus.TRUE,
             api_resources=frozenset(r.gvk for r in cluster.status.api_resources),
         )
@@ -304,8 +303,7 @@ def impact(old: api.Cluster | None, new: api.Cluster | None) -> Impact:
         if before.labels.get(key) != after.labels.get(key)
     )
     placed = (
-        (after.evict_after is not None and after.evict_after != before.evict_after)
-        or (before.ready and not after.ready)
+        (before.ready and not after.ready)
         or bool(after.taints - before.taints)
         or bool(after.api_resources and before.api_resources - after.api_resources)
     )
@@ -313,7 +311,6 @@ def impact(old: api.Cluster | None, new: api.Cluster | None) -> Impact:
         (before.unschedulable and not after.unschedulable)
         or (after.ready and not before.ready)
         or bool(before.taints - after.taints)
-        or (before.evict_after is not None and after.evict_after is None)
         or bool(after.api_resources - before.api_resources)
         or bool(before.api_resources and not after.api_resources)
     )
