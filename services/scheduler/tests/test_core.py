@@ -183,9 +183,7 @@ def test_evict_after_alone_moves_nothing_and_places_as_before() -> None:
 def test_avoided_cluster_moves_everything_and_keeps_the_old_copy_retiring() -> None:
     clusters = [make_cluster("a"), make_cluster("b"), make_cluster("c")]
     decision = schedule(
-        make_input(
-            make_deployment(replicas=4), clusters, previous=placed(("a", 4)), avoid={"a"}
-        )
+        make_input(make_deployment(replicas=4), clusters, previous=placed(("a", 4)), avoid={"a"})
     )
     assert active(decision) == {"b": 2, "c": 2}
     assert retiring(decision) == {"a": 4}

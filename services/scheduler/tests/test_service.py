@@ -16,7 +16,7 @@ import pytest
 
 from flotilla.common import events
 from flotilla.common.bus import Bus
-from flotilla.common.capacity import FakeCapacityCache
+from flotilla.common.capacity import CapacityCache, FakeCapacityCache
 from flotilla.common.errors import InvalidObject, Unavailable
 from flotilla.common.events import (
     CapacityChanged,
@@ -26,7 +26,9 @@ from flotilla.common.events import (
     RescheduleRequested,
     ResourceAnalyzed,
 )
-from flotilla.common.infra import NatsServer
+from flotilla.common.infra import NatsServer, RedisServer
+from flotilla.common.rediscapacity import RedisCapacityCache
+from flotilla.common.testing import eventually
 from flotilla.common.topology import Topology
 from flotilla.scheduler import records
 from flotilla.scheduler.records import PlacementRecord
@@ -139,17 +141,25 @@ class Harness:
 
 
 async def open_scheduler(
-    url: str, prefix: str, cache: FakeCapacityCache, reporter: FakeReporter | None = None
+    url: str,
+    prefix: str,
+    cache: CapacityCache,
+    reporter: FakeReporter | None = None,
+    *,
+    snapshot_max_age: float = 0.0,
+    instance: str = "",
 ) -> tuple[Bus, Scheduler, list[asyncio.Task[None]]]:
     bus = await Bus.connect(
-        url, topology=Topology(prefix=prefix, partitions=2), producer=f"scheduler/{prefix}"
+        url,
+        topology=Topology(prefix=prefix, partitions=2),
+        producer=f"scheduler/{prefix}{instance}",
     )
     scheduler = await Scheduler.open(
         bus,
         cache,
         reservation_ttl=600.0,
         sync_timeout=5.0,
-        snapshot_max_age=0.0,
+        snapshot_max_age=snapshot_max_age,
         reporter=reporter,
     )
     tasks = [
@@ -241,7 +251,7 @@ async def test_scale_up_reserves_the_new_count_and_publishes_previous(harness: H
     assert [r.replicas for r in await harness.cache.reservations("a")] == [5]
 
 
-async def test_unschedulable_is_pending_and_retried_only_when_capacity_grows(
+async def test_unschedulable_is_pending_and_retried_when_a_record_could_help(
     harness: Harness,
 ) -> None:
     await harness.cluster(small("a", "1"))
@@ -253,11 +263,11 @@ async def test_unschedulable_is_pending_and_retried_only_when_capacity_grows(
     assert harness.scheduler.index.waiting() == {big.ref.key}
     assert harness.reporter.warnings == [("big", "Unschedulable", record.decided.reason)]
 
+    await harness.cache.put(small("a", "4").record())  # type: ignore[arg-type]
     grown = CapacityChanged(cluster="a", available={"cpu": 4000}, allocatable={"cpu": 4000})
     await harness.handle(events.envelope(grown, key="a", producer="test", revision=1))
-    # Same figures again: nothing is re-tried (no hot loop on periodic reports).
+    # The same record reported again: nothing is re-tried (no loop on repeated reports).
     await harness.handle(events.envelope(grown, key="a", producer="test", revision=2))
-    await harness.cache.put(small("a", "4").record())  # type: ignore[arg-type]
     assert await harness.run_requests() == [big.ref.key]
     record = await harness.record(big.ref.key)
     assert harness.active(record) == {"a": 1}
@@ -550,3 +560,80 @@ async def test_an_unchanged_placement_in_another_order_publishes_nothing(
     assert await harness.decided(agent.ref.key) == first
     record = await harness.record(agent.ref.key)
     assert record.decided == first[0]
+
+
+def capacity_changed(name: str, cpu: int, revision: int) -> Envelope:
+    """What the syncer publishes after writing a capacity record."""
+    figures = {"cpu": cpu, "memory": 64 * 2**30, "pods": 110}
+    payload = CapacityChanged(cluster=name, available=figures, allocatable=figures)
+    return events.envelope(payload, key=name, producer="test", revision=revision)
+
+
+async def test_pending_objects_are_placed_when_redis_comes_back_with_the_same_figures(
+    nats_server: NatsServer, fresh_redis: RedisServer, unique: str
+) -> None:
+    """Redis restarts empty; objects decided meanwhile see no capacity record and
+    wait. The syncer writes the record again with the same figures as before: that
+    must place them, with no other trigger."""
+    cache = RedisCapacityCache.from_url(fresh_redis.url, prefix=f"t{unique}:")
+    bus, scheduler, tasks = await open_scheduler(nats_server.url, f"s{unique}", cache)
+    try:
+        harness = Harness(bus, scheduler, cache)  # type: ignore[arg-type]
+        await harness.cluster(small("a", "8"))
+        await harness.handle(capacity_changed("a", 8000, 1))
+        first = make_pod("first").with_requests(cpu="1").build()
+        await harness.analyzed(first)
+        assert harness.active(await harness.record(first.ref.key)) == {"a": 1}
+
+        fresh_redis.kill()
+        fresh_redis.start()
+        late = [make_pod(f"late-{i}").with_requests(cpu="1").build() for i in range(3)]
+        for obj in late:
+            envelope = harness.analyzed_event(obj)
+
+            async def decided(envelope: Envelope = envelope) -> bool:
+                try:
+                    await harness.handle(envelope)
+                except Unavailable:
+                    return False  # the client reconnects to the restarted Redis
+                return True
+
+            await eventually(decided, what="a decision against the restarted Redis")
+            assert (await harness.record(obj.ref.key)).waiting
+
+        await cache.put(small("a", "8").record())  # type: ignore[arg-type]
+        await harness.handle(capacity_changed("a", 8000, 2))
+        assert await harness.run_requests() == sorted(o.ref.key for o in late)
+        for obj in late:
+            assert harness.active(await harness.record(obj.ref.key)) == {"a": 1}
+    finally:
+        await close(bus, tasks)
+        await cache.aclose()
+
+
+async def test_a_capacity_retry_decides_on_the_new_capacity_on_any_replica(
+    nats_server: NatsServer, unique: str
+) -> None:
+    """Replica A takes the ``CapacityChanged``; replica B, whose shared snapshot is
+    young enough to be reused, decides the retry: it must see the new record."""
+    cache = FakeCapacityCache()
+    prefix = f"s{unique}"
+    bus_a, replica_a, tasks_a = await open_scheduler(nats_server.url, prefix, cache, instance="a")
+    bus_b, replica_b, tasks_b = await open_scheduler(
+        nats_server.url, prefix, cache, snapshot_max_age=3600.0, instance="b"
+    )
+    try:
+        on_a = Harness(bus_a, replica_a, cache)
+        on_b = Harness(bus_b, replica_b, cache)
+        await on_a.cluster(small("a", "1"))
+        big = make_pod("big").with_requests(cpu="2").build()
+        await on_b.analyzed(big)
+        assert (await on_b.record(big.ref.key)).waiting
+
+        await cache.put(small("a", "4").record())  # type: ignore[arg-type]
+        await on_a.handle(capacity_changed("a", 4000, 1))
+        assert await on_b.run_requests() == [big.ref.key]
+        assert on_b.active(await on_b.record(big.ref.key)) == {"a": 1}
+    finally:
+        await close(bus_a, tasks_a)
+        await close(bus_b, tasks_b)

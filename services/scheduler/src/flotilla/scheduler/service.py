@@ -12,8 +12,17 @@ Handlers (one `ConsumerSpec`, partitioned, so one key's events arrive in order):
   partition owners; the command goes through the bus under each object's key
   instead, and is handled in that object's order. Its id is derived from the
   cluster revision, so a redelivered cluster event sends nothing new.
-* ``CapacityChanged`` — when a cluster has more room than this replica last saw,
-  send ``RescheduleRequested`` to the Pending objects.
+* ``CapacityChanged`` — read the cluster's capacity record as it is now and send
+  ``RescheduleRequested`` to the Pending objects it could help
+  (`flotilla.scheduler.state.helped_by`: one replica of theirs fits there, and no
+  filter other than capacity turned the cluster down). Growth is not required: a
+  record rebuilt after Redis lost its data has the same figures but no
+  reservations, and Pending objects decided meanwhile saw no record at all. An
+  object is asked once per record (same ``observed_at`` and headroom), so
+  repeated reports do not loop. The cluster is marked stale in this replica's
+  shared snapshot, and a ``RescheduleRequested`` is always decided on a snapshot
+  read after it was sent (`Scheduler._fleet`), so the retry sees the change that
+  triggered it, on whichever replica decides it.
 
 One decision (`Scheduler.decide`):
 
@@ -130,6 +139,9 @@ class Cause:
     generation: int
     revision: int
     avoid: frozenset[str] = frozenset()
+    fresh_after: float = 0.0
+    """Epoch seconds; the capacity snapshot must have been read after this (a
+    ``RescheduleRequested`` must see the change that sent it)."""
 
 
 JsonObject = dict[str, Any]
@@ -169,7 +181,8 @@ class Scheduler:
         self.reservation_ttl = reservation_ttl
         self.sync_timeout = sync_timeout
         self.snapshot_max_age = snapshot_max_age
-        self._shared: tuple[Fleet, capacity.Snapshot, int, float] | None = None
+        self._shared: tuple[Fleet, capacity.Snapshot, int, float, float] | None = None
+        """Fleet, snapshot, cluster view, and when it was read whole (monotonic, epoch)."""
         # Fan-out (claims on many clusters, many keys at once) must stay below the
         # capacity cache's connection pool (redis-py: 100), or calls fail outright.
         self._cache_slots = asyncio.Semaphore(CACHE_CONCURRENCY)
@@ -181,7 +194,9 @@ class Scheduler:
         self._index_ready = asyncio.Event()
         self._clusters_ready = asyncio.Event()
         self._clusters_changed = asyncio.Condition()
-        self._capacity_seen: dict[str, Mapping[str, int]] = {}
+        self._capacity_seen: dict[str, tuple[object, frozenset[str]]] = {}
+        """Cluster → its capacity record (observed_at, headroom) as last reported, and
+        the Pending objects already asked to retry against it."""
         self.decisions = 0
         """Decisions made (for the benchmark and tests); published or not."""
 
@@ -256,7 +271,9 @@ class Scheduler:
             raise Unavailable("the cluster view is behind the clusters bucket") from None
         return self.clusters.version
 
-    async def _fleet(self, view: int, *, refreshed: Collection[str] = ()) -> Fleet:
+    async def _fleet(
+        self, view: int, *, refreshed: Collection[str] = (), fresh_after: float = 0.0
+    ) -> Fleet:
         """The clusters and a capacity snapshot, kept up to date cheaply.
 
         Reading every cluster's record and reservations (and building the fleet, and
@@ -266,12 +283,19 @@ class Scheduler:
         only the clusters this replica claimed or released on since (`_dirty`) and
         those that just refused a claim (`refreshed`) are re-read and patched in.
         What other replicas claimed meanwhile is caught by the claim itself, which
-        is the atomic check: a refusal re-reads that cluster.
+        is the atomic check: a refusal re-reads that cluster. A snapshot read before
+        `fresh_after` (epoch seconds) is read whole again.
         """
         now = time.monotonic()
+        wall = time.time()
         cached = self._shared
-        if cached is not None and cached[2] == view and now - cached[3] <= self.snapshot_max_age:
-            fleet, snapshot, _, read_at = cached
+        if (
+            cached is not None
+            and cached[2] == view
+            and now - cached[3] <= self.snapshot_max_age
+            and cached[4] >= fresh_after
+        ):
+            fleet, snapshot, _, read_at, read_wall = cached
             stale = set(refreshed) | self._dirty
             if not stale:
                 return fleet
@@ -283,13 +307,13 @@ class Scheduler:
                 records.pop(name, None)
             patched = capacity.Snapshot(clusters=records, taken_at=part.taken_at)
             fleet = Fleet(self.clusters.live(), patched)
-            self._shared = (fleet, patched, view, read_at)
+            self._shared = (fleet, patched, view, read_at, read_wall)
             return fleet
         self._dirty.clear()
         async with self._cache_slots:
             snapshot = await self.cache.snapshot()
         fleet = Fleet(self.clusters.live(), snapshot)
-        self._shared = (fleet, snapshot, view, now)
+        self._shared = (fleet, snapshot, view, now, wall)
         return fleet
 
     # --- handlers --------------------------------------------------------------------
@@ -323,6 +347,7 @@ class Scheduler:
             generation=record.generation,
             revision=record.revision,
             avoid=frozenset(command.avoid_clusters),
+            fresh_after=envelope.produced_at.timestamp(),
         )
         await self.decide(key, record.analyzed, cause, reschedule=True)
 
@@ -365,16 +390,28 @@ class Scheduler:
     async def on_capacity_changed(self, envelope: Envelope) -> None:
         changed = envelope.payload
         assert isinstance(changed, CapacityChanged)
-        before = self._capacity_seen.get(changed.cluster)
-        if state.capacity_grew(before, changed.available):
-            await self.index_ready()
-            await self._request(
-                self.index.waiting(),
-                f"more capacity on {changed.cluster}",
-                dedupe=("capacity", changed.cluster, envelope.id),
-            )
+        name = changed.cluster
+        # Whatever decides next on this replica re-reads the cluster.
+        self._dirty.add(name)
+        async with self._cache_slots:
+            room = (await self.cache.snapshot([name])).get(name)
+        if room is None:
+            return
+        seen = (room.observed_at, tuple(sorted(room.headroom.items())))
+        last, asked = self._capacity_seen.get(name, (None, frozenset()))
+        if last != seen:
+            asked = frozenset()
+        await self.index_ready()
+        helped = set()
+        for key in self.index.waiting() - asked:
+            entry = self.index.get(key)
+            if entry is not None and state.helped_by(entry.record, name, room):
+                helped.add(key)
+        await self._request(
+            helped, f"more capacity on {name}", dedupe=("capacity", name, envelope.id)
+        )
         # Only once the requests are out, so a failed attempt is retried in full.
-        self._capacity_seen[changed.cluster] = dict(changed.available)
+        self._capacity_seen[name] = (seen, asked | helped)
 
     async def readiness(self) -> bool | str:
         """For ``/readyz``: ready once both buckets have been read."""
@@ -449,7 +486,7 @@ class Scheduler:
             # so a replica's own decisions never race each other for the same room.
             # Records, publishing and acks stay concurrent.
             async with self._deciding:
-                fleet = await self._fleet(view, refreshed=refusing)
+                fleet = await self._fleet(view, refreshed=refusing, fresh_after=cause.fresh_after)
                 refusing = set()
                 decision = core.schedule(
                     SchedulingInput(

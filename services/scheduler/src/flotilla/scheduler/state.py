@@ -25,7 +25,7 @@ labels added, removed or changed               objects whose policy mentions tha
 status only (heartbeat, placements count,      nothing
 capacity figures), ``evictAfter``               (draining is the drain coordinator's
                                                call: it asks with ``avoid_clusters``)
-more capacity (``CapacityChanged``)            Pending objects
+capacity record written (``CapacityChanged``)  Pending objects it could help
 a placement changed                            objects that depend on that object
 =============================================  ========================================
 
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from flotilla.common import api
+from flotilla.common import api, capacity
 from flotilla.common.api import PlacementState, Strategy
 from flotilla.common.events import ObjectRef, ResourceAnalyzed
 from flotilla.scheduler.records import ClusterRecord, PlacementRecord
@@ -336,8 +336,17 @@ def relevant(old: api.Cluster | None, new: api.Cluster | None) -> bool:
     return not Facts.of(old).same_as(Facts.of(new))
 
 
-def capacity_grew(before: Mapping[str, int] | None, after: Mapping[str, int]) -> bool:
-    """Whether any resource has more available than before (first news counts as more)."""
-    if before is None:
-        return True
-    return any(amount > before.get(resource, 0) for resource, amount in after.items())
+def helped_by(record: PlacementRecord, cluster: str, room: capacity.ClusterCapacity) -> bool:
+    """Whether `room` (the cluster's capacity record as it is now) could help a Pending
+    object: one replica (or each component) of it fits there, and the object's last
+    decision turned the cluster down for capacity or not at all — a cluster refused
+    for a taint or a selector stays refused however much room it has."""
+    reasons = record.decided.rejections.get(cluster, [])
+    if any(not reason.startswith("capacity:") for reason in reasons):
+        return False
+    analyzed = record.analyzed
+    if analyzed.components:
+        return all(
+            room.fit_replicas(dict(c.requests)) >= 1 for c in analyzed.components if c.replicas
+        )
+    return room.fit_replicas(dict(analyzed.requests)) >= 1
