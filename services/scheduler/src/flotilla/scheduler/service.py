@@ -61,7 +61,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
