@@ -519,3 +519,138 @@ def test_merge_does_not_depend_on_detection_order(seed: int) -> None:
 def test_malformed_annotation_is_reported(value: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         detection.user_dependencies(annotated_deployment(value))
+
+
+# --- scope: what an object may depend on ------------------------------------------------
+
+
+def ref(kind: str, name: str, namespace: str | None = None, api_version: str = "v1") -> Any:
+    return DependencyEntry(api_version=api_version, kind=kind, name=name, namespace=namespace)
+
+
+SCOPE_CASES = [
+    # (id, dependent kind, dependent namespace, dependency, refused because … or None)
+    ("same namespace", "Deployment", "shop", ref("Secret", "db", "shop"), None),
+    ("no namespace means own", "Deployment", "shop", ref("ConfigMap", "cfg"), None),
+    ("other namespace", "Deployment", "bad", ref("Secret", "db", "shop"), "must be in"),
+    (
+        "member kubeconfig",
+        "Deployment",
+        "bad",
+        ref("Secret", "us-east", "flotilla-system"),
+        "Flotilla's own",
+    ),
+    (
+        "system namespace even when own",
+        "Deployment",
+        "flotilla-system",
+        ref("Secret", "us-east"),
+        "Flotilla's own",
+    ),
+    (
+        "cluster-scoped object, system namespace",
+        "ClusterIssuer",
+        None,
+        ref("Secret", "us-east", "flotilla-system"),
+        "Flotilla's own",
+    ),
+    (
+        "cluster-scoped object, any namespace",
+        "ClusterIssuer",
+        None,
+        ref("Secret", "ca", "certs"),
+        None,
+    ),
+    ("own Namespace", "Deployment", "shop", ref("Namespace", "shop"), None),
+    ("another Namespace", "Deployment", "shop", ref("Namespace", "other"), "its own namespace"),
+    (
+        "system Namespace",
+        "ClusterIssuer",
+        None,
+        ref("Namespace", "flotilla-system"),
+        "Flotilla's own",
+    ),
+    (
+        "PriorityClass",
+        "Deployment",
+        "shop",
+        ref("PriorityClass", "high", api_version="scheduling.k8s.io/v1"),
+        None,
+    ),
+    (
+        "StorageClass",
+        "PersistentVolumeClaim",
+        "shop",
+        ref("StorageClass", "fast", api_version="storage.k8s.io/v1"),
+        None,
+    ),
+    (
+        "IngressClass",
+        "Ingress",
+        "shop",
+        ref("IngressClass", "nginx", api_version="networking.k8s.io/v1"),
+        None,
+    ),
+    (
+        "RuntimeClass",
+        "Pod",
+        "shop",
+        ref("RuntimeClass", "gvisor", api_version="node.k8s.io/v1"),
+        None,
+    ),
+    (
+        "ClusterRole from a RoleBinding",
+        "RoleBinding",
+        "shop",
+        ref("ClusterRole", "view", api_version="rbac.authorization.k8s.io/v1"),
+        None,
+    ),
+    (
+        "ClusterRole from a Deployment",
+        "Deployment",
+        "shop",
+        ref("ClusterRole", "admin", api_version="rbac.authorization.k8s.io/v1"),
+        "only a RoleBinding",
+    ),
+    (
+        "ClusterRoleBinding",
+        "Deployment",
+        "shop",
+        ref("ClusterRoleBinding", "root", api_version="rbac.authorization.k8s.io/v1"),
+        "not a kind objects may depend on",
+    ),
+    ("Node", "Deployment", "shop", ref("Node", "n1"), "not a kind objects may depend on"),
+    (
+        "CustomResourceDefinition",
+        "Widget",
+        "shop",
+        ref("CustomResourceDefinition", "x", api_version="apiextensions.k8s.io/v1"),
+        "not a kind objects may depend on",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "namespace", "entry", "refused"),
+    [case[1:] for case in SCOPE_CASES],
+    ids=[case[0] for case in SCOPE_CASES],
+)
+def test_dependency_scope(
+    kind: str, namespace: str | None, entry: DependencyEntry, refused: str | None
+) -> None:
+    why = detection.refusal(
+        entry, kind=kind, namespace=namespace, system_namespace="flotilla-system"
+    )
+    if refused is None:
+        assert why is None
+    else:
+        assert why is not None and refused in why
+
+
+def test_within_scope_keeps_order_and_says_why() -> None:
+    entries = [ref("Secret", "db"), ref("Secret", "x", "flotilla-system"), ref("ConfigMap", "c")]
+    allowed, refused = detection.within_scope(
+        entries, kind="Deployment", namespace="shop", system_namespace="flotilla-system"
+    )
+    assert [e.name for e in allowed] == ["db", "c"]
+    assert [(e.name, "Flotilla's own" in why) for e, why in refused] == [("x", True)]

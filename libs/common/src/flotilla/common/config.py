@@ -21,6 +21,9 @@ from flotilla.common.errors import ConfigError
 ENV_PREFIX = "FLOTILLA_"
 
 
+DEFAULT_SYSTEM_NAMESPACE = "flotilla-system"
+
+
 class Settings(BaseSettings):
     """What every Flotilla service needs to know."""
 
@@ -40,6 +43,11 @@ class Settings(BaseSettings):
     stream_prefix: str = Field(default="flotilla", pattern=r"^[a-z][a-z0-9_-]*$")
     max_concurrency: int = Field(default=64, ge=1)
     hub_kubeconfig: Path | None = None
+    system_namespace: str = Field(
+        default=DEFAULT_SYSTEM_NAMESPACE,
+        min_length=1,
+        description="Flotilla's own hub namespace (member kubeconfigs); never a dependency",
+    )
     health_host: str = "0.0.0.0"
     health_port: int = Field(default=8080, ge=0, le=65535)
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")

@@ -34,6 +34,13 @@ Decisions where the brief is silent:
   type's interpreter (the watcher attaches it, and re-publishes the objects of a
   type whose interpreter changed) is analysed with exactly that one, so an
   interpreter change re-analyses what it governs without racing the registry.
+* **Dependency scope** (`detection.refusal`): a reference outside what the object
+  may depend on (another namespace, Flotilla's own namespace, a cluster-scoped
+  kind not on the allow-list) is left out of the analysis and named in one
+  ``DependencyRefused`` Warning Event; refused *detected* entries are not written
+  to the annotation either, the user's own entries stay as written.
+* **Reporting is best effort**: a Warning Event that cannot be recorded, or a
+  dependency whose existence cannot be checked, is logged; the analysis goes on.
 * **Stale events**: an observation with a lower revision than one already
   analysed for the same object (same uid) on this replica is acknowledged and
   dropped (ARCHITECTURE.md principle 1).
@@ -70,6 +77,7 @@ from flotilla.common.api import (
     parse_strategy,
 )
 from flotilla.common.bus import Bus, Handler
+from flotilla.common.config import DEFAULT_SYSTEM_NAMESPACE
 from flotilla.common.errors import FlotillaError, InvalidObject, Unavailable
 from flotilla.common.events import Envelope, ObjectRef
 from flotilla.common.service import Runtime
@@ -158,8 +166,16 @@ def analysis(
 class Detector:
     """The handlers, with the registry and the hub connection they share."""
 
-    def __init__(self, bus: Bus, api: ApiClient, dyn: DynamicClient) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        api: ApiClient,
+        dyn: DynamicClient,
+        *,
+        system_namespace: str = DEFAULT_SYSTEM_NAMESPACE,
+    ) -> None:
         self.bus = bus
+        self.system_namespace = system_namespace
         self.api = api
         self.dyn = dyn
         self.registry = Registry.with_builtins()
@@ -266,9 +282,13 @@ class Detector:
                 f'{exc}; write a JSON list of {{"apiVersion","kind","name","namespace"?}} objects',
             )
         merged = self._merge(obj, user_entries, interpreter)
-        await self._write_annotation(observed.ref, obj, dump_dependencies(merged), interpreter)
-        await self._report_missing(obj, merged)
-        await self._publish(envelope, analysis(observed, interpretation, merged))
+        allowed, refused = self._scoped(obj, merged)
+        await self._write_annotation(
+            observed.ref, obj, dump_dependencies(_written(merged, refused)), interpreter
+        )
+        await self._report_refused(obj, refused)
+        await self._report_missing(obj, allowed)
+        await self._publish(envelope, analysis(observed, interpretation, allowed))
 
     async def _interpreter(self, observed: events.ResourceObserved) -> Interpreter:
         """The interpreter the event carries, else the registry's for the type."""
@@ -362,7 +382,8 @@ class Detector:
             except ValueError:
                 return  # the user is editing it; that edit is its own observation
             current = fresh
-            value = dump_dependencies(self._merge(fresh, user_entries, interpreter))
+            merged = self._merge(fresh, user_entries, interpreter)
+            value = dump_dependencies(_written(merged, self._scoped(fresh, merged)[1]))
         raise Unavailable(f"{ref.key}: the object kept changing under the annotation write")
 
     async def _get(self, resource: Any, name: str, namespace: str | None) -> JsonObject | None:
@@ -379,16 +400,44 @@ class Detector:
         except Exception as exc:
             raise kube.translate(exc) from exc
 
+    def _scoped(
+        self, obj: Mapping[str, Any], entries: list[DependencyEntry]
+    ) -> tuple[list[DependencyEntry], list[tuple[DependencyEntry, str]]]:
+        namespace = _metadata(obj).get("namespace")
+        return detection.within_scope(
+            entries,
+            kind=str(obj.get("kind")),
+            namespace=namespace if isinstance(namespace, str) and namespace else None,
+            system_namespace=self.system_namespace,
+        )
+
+    async def _report_refused(
+        self, obj: Mapping[str, Any], refused: list[tuple[DependencyEntry, str]]
+    ) -> None:
+        if refused:
+            reasons = "; ".join(f"{_describe(entry)}: {why}" for entry, why in refused)
+            await self.recorder.warning(
+                dict(obj),
+                "DependencyRefused",
+                f"these references are not synced with the object: {reasons}",
+            )
+
     async def _report_missing(self, obj: Mapping[str, Any], entries: list[DependencyEntry]) -> None:
+        """A Warning Event naming the dependencies the hub does not have (best effort:
+        a hub that cannot say is logged, and the analysis goes on)."""
         missing = []
-        for entry in entries:
-            try:
-                resource = await kube.resource_for(self.dyn, entry.api_version, entry.kind)
-            except InvalidObject:
-                missing.append(f"{_describe(entry)} (the hub does not serve this type)")
-                continue
-            if await self._get(resource, entry.name, entry.namespace) is None:
-                missing.append(_describe(entry))
+        try:
+            for entry in entries:
+                try:
+                    resource = await kube.resource_for(self.dyn, entry.api_version, entry.kind)
+                except InvalidObject:
+                    missing.append(f"{_describe(entry)} (the hub does not serve this type)")
+                    continue
+                if await self._get(resource, entry.name, entry.namespace) is None:
+                    missing.append(_describe(entry))
+        except FlotillaError as exc:
+            log.warning("could not check the dependencies of %s: %s", _describe_object(obj), exc)
+            return
         if missing:
             await self.recorder.warning(
                 dict(obj),
@@ -406,6 +455,21 @@ def _compiled(interpreter_json: str) -> Interpreter:
     return Interpreter.compile(spec, f"ResourceInterpreter/{body['metadata']['name']}")
 
 
+def _written(
+    merged: list[DependencyEntry], refused: list[tuple[DependencyEntry, str]]
+) -> list[DependencyEntry]:
+    """What goes into the annotation: refused detected entries are left out (the user's
+    own stay as written; the Warning Event says why they are not synced)."""
+    dropped = {entry.key for entry, _ in refused if entry.detected}
+    return [entry for entry in merged if not (entry.detected and entry.key in dropped)]
+
+
+def _describe_object(obj: Mapping[str, Any]) -> str:
+    metadata = _metadata(obj)
+    where = f"{metadata.get('namespace')}/" if metadata.get("namespace") else ""
+    return f"{obj.get('kind')} {where}{metadata.get('name')}"
+
+
 def _describe(entry: DependencyEntry) -> str:
     where = f"{entry.namespace}/" if entry.namespace else ""
     return f"{entry.kind} {where}{entry.name} ({entry.api_version})"
@@ -417,7 +481,7 @@ async def running(
 ) -> AsyncIterator[Detector]:
     """The detector consuming on `rt` with the hub client `api` (kept open by the caller)."""
     async with DynamicClient(api) as dyn:
-        detector = Detector(rt.bus, api, dyn)
+        detector = Detector(rt.bus, api, dyn, system_namespace=rt.settings.system_namespace)
         await detector.load_interpreters()
         rt.consume(CONSUMER, detector.handlers)
         refresh = asyncio.create_task(detector.refresh_interpreters(refresh_interval))
@@ -432,7 +496,7 @@ async def setup(rt: Runtime) -> None:
     """`service.main` hook: consume with a hub client that lives as long as the service."""
     api = await kube.client_from_kubeconfig(rt.settings.hub_kubeconfig)
     dyn = await DynamicClient(api)
-    detector = Detector(rt.bus, api, dyn)
+    detector = Detector(rt.bus, api, dyn, system_namespace=rt.settings.system_namespace)
     await detector.load_interpreters()
     rt.consume(CONSUMER, detector.handlers)
     rt.spawn("interpreters", lambda: detector.refresh_interpreters(INTERPRETER_REFRESH))
