@@ -425,9 +425,19 @@ CAPACITY_CASES = [
         {"a": "no capacity record"},
     ),
     Case(
-        "objects without requests are not judged",
+        "objects without requests still need a pod slot per replica",
+        [
+            make_cluster("a").with_room(1, cpu="64", memory="64Gi", pods=2),
+            make_cluster("b").with_room(1, cpu="64", memory="64Gi", pods=3),
+        ],
+        {"a": "room for 2 of 3 replicas (pods=1)"},
+        obj=make_deployment().with_requests(),
+        policy=make_policy().strategy("any"),
+    ),
+    Case(
+        "objects without requests need a capacity record",
         [make_cluster("a").without_capacity()],
-        {},
+        {"a": "no capacity record"},
         obj=make_deployment().with_requests(),
     ),
     Case(

@@ -9,6 +9,7 @@ by the test, so every step is explicit and nothing depends on timing.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -637,3 +638,56 @@ async def test_a_capacity_retry_decides_on_the_new_capacity_on_any_replica(
     finally:
         await close(bus_a, tasks_a)
         await close(bus_b, tasks_b)
+
+
+async def test_replicas_without_requests_are_bounded_by_pods_and_absurd_counts_do_not_stall(
+    harness: Harness,
+) -> None:
+    """Every replica needs a pod slot, requests or not; a replica count of ten
+    million is placed as far as capacity allows (or refused), at once, with an Event."""
+    started = time.monotonic()
+
+    def only(analyzed: ResourceAnalyzed, *names: str) -> ResourceAnalyzed:
+        return analyzed.model_copy(update={"policy_spec": make_policy().names(*names).spec})
+
+    def roomy(name: str, nodes: int) -> ClusterBuilder:
+        return make_cluster(name).with_room(nodes, cpu="64", memory="64Gi", pods=110)
+
+    for builder in (roomy("a", 5), roomy("b", 5), roomy("m", 2)):
+        await harness.cluster(builder)
+
+    many = only(make_deployment("many", replicas=6000).with_requests().build(), "m")
+    await harness.analyzed(many)
+    record = await harness.record(many.ref.key)
+    assert harness.active(record) == {"m": 220}
+    assert record.pending == 6000 - 220
+    assert [r.replicas for r in await harness.cache.reservations("m")] == [220]
+
+    huge = only(make_deployment("huge", replicas=10_000_000).build(), "a", "b", "c")
+    await harness.analyzed(huge)
+    record = await harness.record(huge.ref.key)
+    assert harness.active(record) == {"a": 550, "b": 550}  # pods, not CPU, run out first
+    assert record.pending == 10_000_000 - 1100
+
+    anywhere = only(make_pod("huge-pod").with_requests().with_replicas(10_000_000).build(), "a")
+    await harness.analyzed(anywhere)
+    record = await harness.record(anywhere.ref.key)
+    assert not record.schedulable
+    assert record.decided.rejections["a"] == ["capacity: room for 0 of 10000000 replicas (pods=1)"]
+
+    # A new cluster: the partly placed object grows onto it, as far as its pods go.
+    await harness.cluster(roomy("c", 1))
+    assert huge.ref.key in await harness.run_requests()
+    assert harness.active(await harness.record(huge.ref.key)) == {"a": 550, "b": 550, "c": 110}
+
+    await harness.cluster(small("w", "4"))
+    await harness.run_requests()
+    web = only(make_deployment("web", replicas=2).build(), "w")
+    await harness.analyzed(web)
+    assert harness.active(await harness.record(web.ref.key)) == {"w": 2}
+
+    reasons = {(name, reason) for name, reason, _ in harness.reporter.warnings}
+    assert ("many", "PartiallyScheduled") in reasons
+    assert ("huge", "PartiallyScheduled") in reasons
+    assert ("huge-pod", "Unschedulable") in reasons
+    assert time.monotonic() - started < 30, "a generous bound: replica by replica takes minutes"

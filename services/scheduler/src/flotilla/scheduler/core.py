@@ -63,12 +63,11 @@ def context(inp: SchedulingInput, strategy: Strategy) -> Context:
     policy = inp.policy
     components = tuple(analyzed.components)
     replicas = analyzed.replicas
+    # An object without requests still needs a pod slot per replica (``pods`` is
+    # part of every shape, as in the reservations), so every object is judged on
+    # capacity: a Deployment asking for nothing is bounded by the clusters' pods.
     if components:
         required = 1
-    elif not analyzed.requests:
-        # Nothing to measure: an object without requests (a ConfigMap, or a Pod
-        # that asks for nothing) is not judged on capacity.
-        required = 0
     elif strategy is Strategy.SPLIT:
         required = 1 if (replicas is None or replicas > 0) else 0
     else:

@@ -65,6 +65,7 @@ from flotilla.common import quantity
 from flotilla.common.api import Taint as ClusterTaint
 from flotilla.common.api import TaintEffect, Toleration, TolerationOperator
 from flotilla.scheduler.model import (
+    PODS,
     ClusterView,
     Code,
     Context,
@@ -250,7 +251,7 @@ def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
         )
     else:
         unit = "replica" if required == 1 else "replicas"
-        shape = describe_requests(dict(ctx.per_replica))
+        shape = describe_requests({PODS: 1, **ctx.per_replica})
     held = ctx.held
     fits = ctx.fits
     rejected: Rejections = {}
