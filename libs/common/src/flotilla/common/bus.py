@@ -39,7 +39,13 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
 from flotilla.common import events, telemetry
-from flotilla.common.errors import InvalidEvent, PermanentError, TemporaryError, Unavailable
+from flotilla.common.errors import (
+    InvalidEvent,
+    InvalidObject,
+    PermanentError,
+    TemporaryError,
+    Unavailable,
+)
 from flotilla.common.health import EventMetrics
 from flotilla.common.leases import PartitionLeases
 from flotilla.common.queueing import KeyedQueue, Retry
@@ -229,12 +235,21 @@ class Bus:
         return {"Nats-Msg-Id": event.id, KEY_HEADER: event.key, TYPE_HEADER: event.type}
 
     async def publish(self, event: events.Envelope) -> api.PubAck:
+        """Publish one event; `InvalidObject` (``ObjectTooLarge``, ``ObjectTooDeep``) when
+        it can never be carried, `Unavailable` when NATS does not answer."""
         subject = self.topology.event_subject(event.type, event.key)
         headers = self._headers(event)
         with telemetry.publish_span(subject, headers, message_id=event.id, tracer=self.tracer):
+            data = events.encode(event)
             try:
-                return await self.js.publish(subject, events.encode(event), headers=headers)
+                return await self.js.publish(subject, data, headers=headers)
             except (nats.errors.Error, OSError) as exc:
+                if _too_large(exc):
+                    raise InvalidObject(
+                        f"{event.key}: a {len(data)}-byte {event.type} is larger than the bus "
+                        "carries (NATS max_payload / the stream's max_msg_size)",
+                        reason="ObjectTooLarge",
+                    ) from exc
                 raise Unavailable(f"publish to {subject} failed: {exc}") from exc
 
     async def publish_batch(self, batch: Sequence[events.Envelope]) -> list[api.PubAck]:
@@ -254,6 +269,23 @@ class Bus:
         except (nats.errors.Error, OSError) as exc:
             raise Unavailable(f"batch publish failed: {exc}") from exc
         return list(acks)
+
+    async def dead_letter_event(self, event: events.Envelope, reason: str, error: str) -> None:
+        """Put an event that was never published (it cannot be) on the dead-letter
+        stream with why (idempotent: the event's id)."""
+        headers = {
+            "Nats-Msg-Id": f"dlq-unpublished-{event.id}",
+            DEAD_REASON_HEADER: reason,
+            DEAD_ERROR_HEADER: error[:4000],
+            ORIGINAL_SUBJECT_HEADER: self.topology.event_subject(event.type, event.key),
+            KEY_HEADER: event.key,
+            TYPE_HEADER: event.type,
+        }
+        subject = self.topology.dead_letter_subject(_subject_token(event.type))
+        try:
+            await self.js.publish(subject, events.encode(event), headers=headers)
+        except (nats.errors.Error, OSError) as exc:
+            raise Unavailable(f"dead-lettering {event.key} failed: {exc}") from exc
 
     async def dead_letter(self, msg: Msg, reason: str, error: str) -> None:
         """Copy a message to the dead-letter stream with why it died (idempotent)."""
@@ -368,6 +400,14 @@ class Bus:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+
+def _too_large(exc: BaseException) -> bool:
+    """NATS refused the message for its size: the client (over the server's
+    max_payload) or JetStream (over the stream's max_msg_size, error 10054)."""
+    if isinstance(exc, nats.errors.MaxPayloadError):
+        return True
+    return isinstance(exc, nats.js.errors.APIError) and exc.err_code == 10054
 
 
 def _subject_token(value: str) -> str:

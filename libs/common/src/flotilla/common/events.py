@@ -18,15 +18,17 @@ version raise `InvalidEvent` with every problem listed, never a half-parsed mode
 from __future__ import annotations
 
 import hashlib
+import json
 import typing
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from flotilla.common.api import PlacementState as WorkState
 from flotilla.common.api import Strategy
-from flotilla.common.errors import InvalidEvent
+from flotilla.common.errors import InvalidEvent, InvalidObject
 
 SCHEMA_VERSION = 1
 
@@ -283,16 +285,49 @@ _ENVELOPE = TypeAdapter(Envelope)
 
 
 def encode(event: Envelope) -> bytes:
-    return event.model_dump_json(by_alias=True, exclude_none=False).encode()
+    """The event as JSON. pydantic's serializer stops at about 250 levels of nesting
+    and Kubernetes objects may nest deeper (a custom resource's spec is anything), so
+    such an event is serialized by the standard library instead (its limit is the
+    interpreter's recursion limit); one nested deeper still is `InvalidObject`
+    (``ObjectTooDeep``). The common path stays pydantic's."""
+    try:
+        return event.model_dump_json(by_alias=True, exclude_none=False).encode()
+    except PydanticSerializationError as exc:
+        if "depth" not in str(exc):
+            raise
+    try:
+        plain = event.model_dump(mode="python", by_alias=True, exclude_none=False)
+        return json.dumps(plain, default=to_jsonable_python, separators=(",", ":")).encode()
+    except RecursionError as exc:
+        raise InvalidObject(
+            f"{event.key}: nested too deeply to carry as an event", reason="ObjectTooDeep"
+        ) from exc
 
 
 def decode(data: bytes) -> Envelope:
-    """Parse bytes from the bus, or raise `InvalidEvent` saying everything that is wrong."""
+    """Parse bytes from the bus, or raise `InvalidEvent` saying everything that is wrong.
+
+    pydantic's JSON parser refuses nesting deeper than about 200 levels; such a
+    message (a deeply nested object that `encode` let through) is parsed by the
+    standard library and then validated, which only the rare deep event pays for.
+    """
     try:
         return _ENVELOPE.validate_json(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
-            for err in exc.errors(include_url=False)
-        )
-        raise InvalidEvent(f"not a valid Flotilla event: {problems}") from exc
+        if not any("recursion limit" in err["msg"] for err in exc.errors(include_url=False)):
+            raise InvalidEvent(f"not a valid Flotilla event: {_problems(exc)}") from exc
+    try:
+        parsed = json.loads(data)
+    except (RecursionError, ValueError) as exc:
+        raise InvalidEvent(f"not a valid Flotilla event: {exc}") from exc
+    try:
+        return _ENVELOPE.validate_python(parsed)
+    except ValidationError as exc:
+        raise InvalidEvent(f"not a valid Flotilla event: {_problems(exc)}") from exc
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+        for err in exc.errors(include_url=False)
+    )
