@@ -691,3 +691,38 @@ async def test_replicas_without_requests_are_bounded_by_pods_and_absurd_counts_d
     assert ("huge", "PartiallyScheduled") in reasons
     assert ("huge-pod", "Unschedulable") in reasons
     assert time.monotonic() - started < 30, "a generous bound: replica by replica takes minutes"
+
+
+async def test_reservations_of_an_abandoned_attempt_are_released(
+    nats_server: NatsServer, unique: str
+) -> None:
+    """A replica reserved on b and died before recording; the redelivered event put
+    the object on a. Once older than the grace, the claim on b is released; claims
+    a record backs, and young ones (a decision in flight), are kept."""
+    now = [1_000_000.0]
+    cache = FakeCapacityCache(clock=lambda: now[0])
+    bus, scheduler, tasks = await open_scheduler(nats_server.url, f"s{unique}", cache)
+    scheduler.reservation_grace = 30.0
+    try:
+        harness = Harness(bus, scheduler, cache)
+        await harness.cluster(small("a", "4"))
+        await harness.cluster(small("b", "4"))
+        web = make_pod("web").with_requests(cpu="1").build()
+        await harness.analyzed(web)
+        (held,) = harness.active(await harness.record(web.ref.key))
+        other = "b" if held == "a" else "a"
+        # What the dead replica left behind, and a claim being made right now.
+        assert await cache.reserve(other, web.ref.key, {"cpu": 1000}, 2, 600.0)
+        now[0] += 31.0
+        fresh = make_pod("fresh").with_requests(cpu="1").build()
+        assert await cache.reserve(other, fresh.ref.key, {"cpu": 1000}, 1, 600.0)
+
+        assert await scheduler.reconcile_reservations() == 1
+        assert [r.id for r in await cache.reservations(held)] == [web.ref.key]
+        assert [r.id for r in await cache.reservations(other)] == [fresh.ref.key]
+        now[0] += 31.0  # nothing ever recorded the fresh claim either
+        assert await scheduler.reconcile_reservations() == 1
+        assert await cache.reservations(other) == []
+        assert [r.id for r in await cache.reservations(held)] == [web.ref.key]
+    finally:
+        await close(bus, tasks)

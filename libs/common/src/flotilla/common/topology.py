@@ -67,7 +67,10 @@ class ConsumerSpec:
 
     service: str
     event_types: tuple[str, ...]
-    ack_wait: float = 30.0
+    ack_wait: float = 10.0
+    """Seconds before an unacknowledged event is redelivered: how long the work a dead
+    replica had in flight waits. Handlers running longer stay alive through the
+    consumer's ``in_progress`` heartbeats (every third of this)."""
     max_deliver: int = 10
     max_ack_pending: int = 2000
 
@@ -88,7 +91,9 @@ class Topology:
 
     prefix: str = "flotilla"
     partitions: int = 16
-    lease_ttl: float = 15.0
+    lease_ttl: float = 10.0
+    """Seconds a dead replica's partitions stay held; with `ConsumerSpec.ack_wait` this
+    bounds how long its work in flight waits for another replica (or its restart)."""
     replicas: int = 1
     event_max_age: float = 7 * 24 * 3600.0
     extra_buckets: tuple[BucketSpec, ...] = field(default_factory=tuple)

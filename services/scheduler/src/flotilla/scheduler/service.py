@@ -53,6 +53,15 @@ Reservations hold every replica placed on a cluster until they expire
 (``reservation_ttl``); until then the member's own capacity report may count the
 same pods too. That errs on the side of not overcommitting; the syncer may release
 a reservation early once it has reported the pods.
+
+A replica that dies between reserving (step 3) and recording (step 4) leaves
+reservations no record backs, and the redelivered event may well decide
+differently. Every replica therefore reconciles (`Scheduler.reconcile_reservations`,
+at start and every ``reservation_grace`` seconds): a reservation older than
+``reservation_grace`` on a cluster its object's record does not hold is released.
+The grace leaves alone the claims of decisions still in flight, which write
+their record within seconds. Work in flight on a dead replica comes back within
+the consumers' ack wait (`flotilla.common.topology.ConsumerSpec`, 10 s).
 """
 
 from __future__ import annotations
@@ -123,6 +132,12 @@ class SchedulerSettings(Settings):
         ge=0,
         description="seconds between whole capacity snapshot reads (patched between; 0: always)",
     )
+    reservation_grace: float = Field(
+        default=30.0,
+        gt=0,
+        description="seconds before a reservation no placement record backs is released "
+        "(and between those checks)",
+    )
     capacity_prefix: str = Field(
         default=DEFAULT_PREFIX,
         min_length=1,
@@ -172,8 +187,10 @@ class Scheduler:
         sync_timeout: float = 5.0,
         snapshot_max_age: float = 0.5,
         reporter: Reporter | None = None,
+        reservation_grace: float = 30.0,
     ) -> None:
         self.bus = bus
+        self.reservation_grace = reservation_grace
         self.reporter = reporter
         self.cache = cache
         self.placements = placements
@@ -210,6 +227,7 @@ class Scheduler:
         sync_timeout: float = 5.0,
         snapshot_max_age: float = 0.5,
         reporter: Reporter | None = None,
+        reservation_grace: float = 30.0,
     ) -> Scheduler:
         placements_kv = await bus.bucket(bus.topology.placements_bucket)
         clusters_kv = await bus.bucket(records.clusters_bucket(bus.topology))
@@ -222,6 +240,7 @@ class Scheduler:
             sync_timeout=sync_timeout,
             snapshot_max_age=snapshot_max_age,
             reporter=reporter,
+            reservation_grace=reservation_grace,
         )
 
     @property
@@ -665,6 +684,46 @@ class Scheduler:
             *(self._release(key, analyzed, p.cluster) for p in previous if p.cluster not in kept)
         )
 
+    async def reconcile_reservations(self) -> int:
+        """Release reservations that no placement record backs (see the module
+        docstring) and are older than `reservation_grace`; how many were released."""
+        await self.index_ready()
+        names = sorted(c.metadata.name for c in self.clusters.live())
+        if not names:
+            return 0
+        async with self._cache_slots:
+            now = (await self.cache.snapshot(names)).taken_at  # the cache's own clock
+        released = 0
+        for cluster in names:
+            async with self._cache_slots:
+                held = await self.cache.reservations(cluster)
+            for reservation in held:
+                if now - (reservation.expires_at - self.reservation_ttl) < self.reservation_grace:
+                    continue  # a decision in flight may not have written its record yet
+                entry = self.index.get(reservation.id.split("#", 1)[0])
+                if entry is not None and not entry.record.deleted and cluster in entry.clusters:
+                    continue
+                log.warning(
+                    "releasing reservation %s on %s: no placement record holds it there",
+                    reservation.id,
+                    cluster,
+                )
+                async with self._cache_slots:
+                    await self.cache.release(cluster, reservation.id)
+                self._dirty.add(cluster)
+                released += 1
+        return released
+
+    async def reconcile_forever(self) -> None:
+        """`reconcile_reservations` now and every `reservation_grace` seconds (run
+        under `Runtime.spawn`); a failed round is logged and tried again."""
+        while True:
+            try:
+                await self.reconcile_reservations()
+            except FlotillaError as error:
+                log.warning("reservation reconciliation failed: %s", error)
+            await asyncio.sleep(self.reservation_grace)
+
     async def _claim(self, cluster: str, rid: str, shape: dict[str, int], count: int) -> bool:
         async with self._cache_slots:
             return await self.cache.reserve(cluster, rid, shape, count, self.reservation_ttl)
@@ -747,9 +806,11 @@ async def setup(rt: Runtime) -> None:
         sync_timeout=settings.sync_timeout,
         snapshot_max_age=settings.snapshot_max_age,
         reporter=reporter,
+        reservation_grace=settings.reservation_grace,
     )
 
     rt.spawn("follow-placements", scheduler.follow_placements)
     rt.spawn("follow-clusters", scheduler.follow_clusters)
+    rt.spawn("reconcile-reservations", scheduler.reconcile_forever)
     rt.health.add_readiness_check("placements", scheduler.readiness)
     rt.consume(CONSUMER, scheduler.handlers)
