@@ -726,3 +726,32 @@ async def test_reservations_of_an_abandoned_attempt_are_released(
         assert [r.id for r in await cache.reservations(held)] == [web.ref.key]
     finally:
         await close(bus, tasks)
+
+
+async def test_a_restarted_replica_never_publishes_a_decision_twice(
+    nats_server: NatsServer, unique: str
+) -> None:
+    """The replica died after recording and publishing, before acknowledging: the
+    redelivered event and any later look at the unchanged object, on a fresh replica,
+    leave exactly one ``PlacementDecided`` on the stream."""
+    cache = FakeCapacityCache()
+    prefix = f"s{unique}"
+    bus, scheduler, tasks = await open_scheduler(nats_server.url, prefix, cache)
+    try:
+        before = Harness(bus, scheduler, cache)
+        for name in ("a", "b", "c"):
+            await before.cluster(small(name, "4"))
+        agent = make_daemonset("agent").build()
+        delivered = await before.analyzed(agent)
+    finally:
+        await close(bus, tasks)
+    bus, scheduler, tasks = await open_scheduler(nats_server.url, prefix, cache, instance="2")
+    try:
+        after = Harness(bus, scheduler, cache)
+        await after.handle(delivered)
+        await after.handle(reschedule(agent, "look again"))
+        decided = await after.decided(agent.ref.key)
+        assert len(decided) == 1
+        assert (await after.record(agent.ref.key)).decided == decided[0]
+    finally:
+        await close(bus, tasks)
