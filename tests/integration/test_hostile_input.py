@@ -33,6 +33,7 @@ from nats.aio.msg import Msg
 
 from flotilla.common import capacity, events, kube
 from flotilla.common.api import DEPENDENCIES_ANNOTATION
+from flotilla.common.bus import Bus
 from flotilla.common.config import Settings
 from flotilla.common.infra import NatsServer, RedisServer
 from flotilla.common.rediscapacity import RedisCapacityCache
@@ -76,18 +77,11 @@ class Installation:
         self.api = api
         self.dyn = dyn
         self.log = log
-        self.bus: Any = None
+        self.bus: Bus
 
     async def create(self, obj: Any) -> dict[str, Any]:
         resource = await self.dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
         return kube.checked(await self.dyn.create(resource, body=obj))
-
-    async def get(self, obj: Any) -> dict[str, Any]:
-        resource = await self.dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-        meta = obj["metadata"]
-        return kube.checked(
-            await self.dyn.get(resource, name=meta["name"], namespace=meta.get("namespace"))
-        )
 
     async def flowed(self, obj: Any, timeout: float = 30.0) -> events.ResourceAnalyzed:
         """Wait until `obj` was observed and analysed; the analysis."""
@@ -147,9 +141,11 @@ async def installation(
             stack.push_async_callback(client.close)
         dyn = await stack.enter_async_context(DynamicClient(api))
         await kube.install_crds(api, CRD_DIR.glob("*.yaml"))
-        await k8s.ApiextensionsV1Api(api).create_custom_resource_definition(WIDGET_CRD)
-        for namespace in (NS, "bad", "flotilla-system"):
-            await k8s.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
+        crd: Any = WIDGET_CRD
+        await k8s.ApiextensionsV1Api(api).create_custom_resource_definition(crd)
+        for name in (NS, "bad", "flotilla-system"):
+            namespace: Any = {"metadata": {"name": name}}
+            await k8s.CoreV1Api(api).create_namespace(namespace)
         await connection.subscribe(f"{prefix}.events.>", cb=log.on_message)
         await connection.flush()
         setup = Installation(hub, api, dyn, log)
@@ -281,7 +277,7 @@ async def test_an_object_the_bus_cannot_carry_is_reported_and_skipped(
             assert letter.reason == "ObjectTooLarge"
             assert letter.envelope is not None
             assert letter.envelope.key == events.ObjectRef.of(big).key
-            assert "data" not in letter.envelope.payload.object  # type: ignore[union-attr]
+            assert "data" not in letter.envelope.payload.object
             assert flotilla.log.of("ResourceObserved", letter.envelope.key) == []
 
             resource = await flotilla.dyn.resources.get(api_version="v1", kind="ConfigMap")

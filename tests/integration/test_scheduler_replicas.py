@@ -145,6 +145,56 @@ class Scheduler:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
 
 
+def scheduler_env(
+    nats_server: NatsServer, redis_server: RedisServer, bus: Bus, prefix: str, **extra: str
+) -> dict[str, str]:
+    """The environment of a ``flotilla-scheduler`` process under test."""
+    return {
+        **os.environ,
+        "FLOTILLA_NATS_URL": nats_server.url,
+        "FLOTILLA_REDIS_URL": redis_server.url,
+        "FLOTILLA_STREAM_PREFIX": bus.topology.prefix,
+        "FLOTILLA_PARTITIONS": str(PARTITIONS),
+        "FLOTILLA_CAPACITY_PREFIX": prefix,
+        "FLOTILLA_HEALTH_PORT": "0",
+        "FLOTILLA_HEALTH_HOST": "127.0.0.1",
+        "FLOTILLA_LOG_LEVEL": "WARNING",
+        "FLOTILLA_RESERVATION_TTL": "600",
+        **extra,
+    }
+
+
+async def announce(bus: Bus, cache: RedisCapacityCache, names: list[str]) -> None:
+    """Capacity records and ``ClusterObserved`` for `names`, as syncer and watcher would."""
+    for name in names:
+        await cache.put(capacity_record(name))
+    await bus.publish_batch(
+        [
+            events.envelope(
+                ClusterObserved(cluster=name, object=cluster_object(name)),
+                key=f"cluster/{name}",
+                producer="test",
+                revision=1,
+            )
+            for name in names
+        ]
+    )
+
+
+async def consumers_idle(bus: Bus) -> bool:
+    """Every scheduler partition consumer exists and has nothing pending or unacked."""
+    for partition in range(PARTITIONS):
+        try:
+            info = await bus.js.consumer_info(
+                bus.topology.events_stream.name, f"scheduler-p{partition}"
+            )
+        except Exception:
+            return False
+        if info.num_pending or info.num_ack_pending:
+            return False
+    return True
+
+
 @pytest.fixture
 async def bus(nats_server: NatsServer, unique: str) -> AsyncIterator[Bus]:
     topology = Topology(prefix=f"sr{unique}", partitions=PARTITIONS)
@@ -161,34 +211,11 @@ async def test_two_scheduler_processes_share_the_work_without_overcommit(
     rng = random.Random(5)
     prefix = f"flotilla:{unique}:capacity:"
     cache = RedisCapacityCache.from_url(redis_server.url, prefix=prefix)
-    env = {
-        **os.environ,
-        "FLOTILLA_NATS_URL": nats_server.url,
-        "FLOTILLA_REDIS_URL": redis_server.url,
-        "FLOTILLA_STREAM_PREFIX": bus.topology.prefix,
-        "FLOTILLA_PARTITIONS": str(PARTITIONS),
-        "FLOTILLA_CAPACITY_PREFIX": prefix,
-        "FLOTILLA_HEALTH_PORT": "0",
-        "FLOTILLA_HEALTH_HOST": "127.0.0.1",
-        "FLOTILLA_LOG_LEVEL": "WARNING",
-        "FLOTILLA_RESERVATION_TTL": "600",
-    }
+    env = scheduler_env(nats_server, redis_server, bus, prefix)
     names = [f"c{i}" for i in range(CLUSTERS)]
     schedulers = [Scheduler(env, f"sched-{n}", tmp_path / f"sched-{n}.log") for n in ("a", "b")]
     try:
-        for name in names:
-            await cache.put(capacity_record(name))
-        await bus.publish_batch(
-            [
-                events.envelope(
-                    ClusterObserved(cluster=name, object=cluster_object(name)),
-                    key=f"cluster/{name}",
-                    producer="test",
-                    revision=1,
-                )
-                for name in names
-            ]
-        )
+        await announce(bus, cache, names)
         clusters_kv = await bus.bucket(records.clusters_bucket(bus.topology))
 
         async def clusters_known() -> bool:
@@ -264,15 +291,8 @@ async def test_two_scheduler_processes_share_the_work_without_overcommit(
         async def settled() -> bool:
             for s in schedulers:
                 assert s.proc.poll() is None, f"{s.instance} exited:\n{s.tail()}"
-            for partition in range(PARTITIONS):
-                try:
-                    info = await bus.js.consumer_info(
-                        bus.topology.events_stream.name, f"scheduler-p{partition}"
-                    )
-                except Exception:
-                    return False
-                if info.num_pending or info.num_ack_pending:
-                    return False
+            if not await consumers_idle(bus):
+                return False
             status = await placements_kv.status()
             return int(status.values) >= OBJECTS
 
@@ -350,37 +370,13 @@ async def test_a_killed_scheduler_recovers_its_work_in_flight_promptly_and_leaks
     rng = random.Random(8)
     prefix = f"flotilla:{unique}:capacity:"
     cache = RedisCapacityCache.from_url(redis_server.url, prefix=prefix)
-    env = {
-        **os.environ,
-        "FLOTILLA_NATS_URL": nats_server.url,
-        "FLOTILLA_REDIS_URL": redis_server.url,
-        "FLOTILLA_STREAM_PREFIX": bus.topology.prefix,
-        "FLOTILLA_PARTITIONS": str(PARTITIONS),
-        "FLOTILLA_CAPACITY_PREFIX": prefix,
-        "FLOTILLA_HEALTH_PORT": "0",
-        "FLOTILLA_HEALTH_HOST": "127.0.0.1",
-        "FLOTILLA_LOG_LEVEL": "WARNING",
-        "FLOTILLA_RESERVATION_TTL": "600",
-        "FLOTILLA_RESERVATION_GRACE": "2",
-    }
+    env = scheduler_env(nats_server, redis_server, bus, prefix, FLOTILLA_RESERVATION_GRACE="2")
     names = [f"c{i}" for i in range(CLUSTERS)]
     count = 300
     first = Scheduler(env, "sched-a", tmp_path / "sched-a.log")
     restarted: Scheduler | None = None
     try:
-        for name in names:
-            await cache.put(capacity_record(name))
-        await bus.publish_batch(
-            [
-                events.envelope(
-                    ClusterObserved(cluster=name, object=cluster_object(name)),
-                    key=f"cluster/{name}",
-                    producer="test",
-                    revision=1,
-                )
-                for name in names
-            ]
-        )
+        await announce(bus, cache, names)
         placements_kv = await bus.bucket(bus.topology.placements_bucket)
 
         async def recorded(at_least: int) -> bool:
@@ -405,16 +401,7 @@ async def test_a_killed_scheduler_recovers_its_work_in_flight_promptly_and_leaks
 
         async def settled() -> bool:
             assert restarted is not None and restarted.proc.poll() is None, restarted.tail()
-            for partition in range(PARTITIONS):
-                try:
-                    info = await bus.js.consumer_info(
-                        bus.topology.events_stream.name, f"scheduler-p{partition}"
-                    )
-                except Exception:
-                    return False
-                if info.num_pending or info.num_ack_pending:
-                    return False
-            return await recorded(count)
+            return await consumers_idle(bus) and await recorded(count)
 
         await eventually(settled, 60, "every object to be decided after the restart")
         recovered_in = time.monotonic() - killed_at

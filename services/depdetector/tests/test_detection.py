@@ -524,109 +524,46 @@ def test_malformed_annotation_is_reported(value: str, message: str) -> None:
 # --- scope: what an object may depend on ------------------------------------------------
 
 
-def ref(kind: str, name: str, namespace: str | None = None, api_version: str = "v1") -> Any:
+API_VERSIONS = {
+    "ClusterRole": "rbac.authorization.k8s.io/v1",
+    "ClusterRoleBinding": "rbac.authorization.k8s.io/v1",
+    "CustomResourceDefinition": "apiextensions.k8s.io/v1",
+    "IngressClass": "networking.k8s.io/v1",
+    "PriorityClass": "scheduling.k8s.io/v1",
+    "RuntimeClass": "node.k8s.io/v1",
+    "StorageClass": "storage.k8s.io/v1",
+}
+
+
+def ref(kind: str, name: str, namespace: str | None = None) -> Any:
+    api_version = API_VERSIONS.get(kind, "v1")
     return DependencyEntry(api_version=api_version, kind=kind, name=name, namespace=namespace)
 
 
+SYSTEM = "flotilla-system"
+OWN = "Flotilla's own"
+NOT_ALLOWED = "not a kind objects may depend on"
+# (id, dependent kind, dependent namespace, dependency, refused because … or None)
 SCOPE_CASES = [
-    # (id, dependent kind, dependent namespace, dependency, refused because … or None)
     ("same namespace", "Deployment", "shop", ref("Secret", "db", "shop"), None),
     ("no namespace means own", "Deployment", "shop", ref("ConfigMap", "cfg"), None),
     ("other namespace", "Deployment", "bad", ref("Secret", "db", "shop"), "must be in"),
-    (
-        "member kubeconfig",
-        "Deployment",
-        "bad",
-        ref("Secret", "us-east", "flotilla-system"),
-        "Flotilla's own",
-    ),
-    (
-        "system namespace even when own",
-        "Deployment",
-        "flotilla-system",
-        ref("Secret", "us-east"),
-        "Flotilla's own",
-    ),
-    (
-        "cluster-scoped object, system namespace",
-        "ClusterIssuer",
-        None,
-        ref("Secret", "us-east", "flotilla-system"),
-        "Flotilla's own",
-    ),
-    (
-        "cluster-scoped object, any namespace",
-        "ClusterIssuer",
-        None,
-        ref("Secret", "ca", "certs"),
-        None,
-    ),
+    ("member kubeconfig", "Deployment", "bad", ref("Secret", "us-east", SYSTEM), OWN),
+    ("system namespace even when own", "Deployment", SYSTEM, ref("Secret", "us-east"), OWN),
+    ("cluster-scoped object, system ns", "ClusterIssuer", None, ref("Secret", "x", SYSTEM), OWN),
+    ("cluster-scoped object, any ns", "ClusterIssuer", None, ref("Secret", "ca", "certs"), None),
     ("own Namespace", "Deployment", "shop", ref("Namespace", "shop"), None),
     ("another Namespace", "Deployment", "shop", ref("Namespace", "other"), "its own namespace"),
-    (
-        "system Namespace",
-        "ClusterIssuer",
-        None,
-        ref("Namespace", "flotilla-system"),
-        "Flotilla's own",
-    ),
-    (
-        "PriorityClass",
-        "Deployment",
-        "shop",
-        ref("PriorityClass", "high", api_version="scheduling.k8s.io/v1"),
-        None,
-    ),
-    (
-        "StorageClass",
-        "PersistentVolumeClaim",
-        "shop",
-        ref("StorageClass", "fast", api_version="storage.k8s.io/v1"),
-        None,
-    ),
-    (
-        "IngressClass",
-        "Ingress",
-        "shop",
-        ref("IngressClass", "nginx", api_version="networking.k8s.io/v1"),
-        None,
-    ),
-    (
-        "RuntimeClass",
-        "Pod",
-        "shop",
-        ref("RuntimeClass", "gvisor", api_version="node.k8s.io/v1"),
-        None,
-    ),
-    (
-        "ClusterRole from a RoleBinding",
-        "RoleBinding",
-        "shop",
-        ref("ClusterRole", "view", api_version="rbac.authorization.k8s.io/v1"),
-        None,
-    ),
-    (
-        "ClusterRole from a Deployment",
-        "Deployment",
-        "shop",
-        ref("ClusterRole", "admin", api_version="rbac.authorization.k8s.io/v1"),
-        "only a RoleBinding",
-    ),
-    (
-        "ClusterRoleBinding",
-        "Deployment",
-        "shop",
-        ref("ClusterRoleBinding", "root", api_version="rbac.authorization.k8s.io/v1"),
-        "not a kind objects may depend on",
-    ),
-    ("Node", "Deployment", "shop", ref("Node", "n1"), "not a kind objects may depend on"),
-    (
-        "CustomResourceDefinition",
-        "Widget",
-        "shop",
-        ref("CustomResourceDefinition", "x", api_version="apiextensions.k8s.io/v1"),
-        "not a kind objects may depend on",
-    ),
+    ("system Namespace", "ClusterIssuer", None, ref("Namespace", SYSTEM), OWN),
+    ("PriorityClass", "Deployment", "shop", ref("PriorityClass", "high"), None),
+    ("StorageClass", "PersistentVolumeClaim", "shop", ref("StorageClass", "fast"), None),
+    ("IngressClass", "Ingress", "shop", ref("IngressClass", "nginx"), None),
+    ("RuntimeClass", "Pod", "shop", ref("RuntimeClass", "gvisor"), None),
+    ("ClusterRole from a RoleBinding", "RoleBinding", "shop", ref("ClusterRole", "view"), None),
+    ("ClusterRole otherwise", "Deployment", "shop", ref("ClusterRole", "x"), "only a RoleBinding"),
+    ("ClusterRoleBinding", "Deployment", "shop", ref("ClusterRoleBinding", "root"), NOT_ALLOWED),
+    ("Node", "Deployment", "shop", ref("Node", "n1"), NOT_ALLOWED),
+    ("CRD", "Widget", "shop", ref("CustomResourceDefinition", "x"), NOT_ALLOWED),
 ]
 
 

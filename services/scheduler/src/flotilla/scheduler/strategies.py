@@ -247,16 +247,23 @@ def _grow_in_bulk(
             for i in range(len(counts))
         ]
 
-    low, high = 0.0, 2.0 * max(weights[i] for i in open_) + 1.0
+    _, high = _boundary(lambda threshold: sum(above(threshold)) <= seats, 2.0 * max(weights) + 1.0)
+    return [n + extra for n, extra in zip(counts, above(high), strict=True)]
+
+
+def _boundary(crossed: Callable[[float], bool], high: float) -> tuple[float, float]:
+    """Bisect ``(0, high]`` down to two adjacent floats ``low < high`` with
+    ``crossed(high)`` and not ``crossed(low)``; `crossed` is monotonic."""
+    low = 0.0
     for _ in range(_BISECTIONS):
         middle = (low + high) / 2
         if not low < middle < high:
             break
-        if sum(above(middle)) <= seats:
+        if crossed(middle):
             high = middle
         else:
             low = middle
-    return [n + extra for n, extra in zip(counts, above(high), strict=True)]
+    return low, high
 
 
 def _seats_above(weight: int, count: int, cap: int, threshold: float) -> int:
@@ -281,15 +288,7 @@ def _shrink_in_bulk(removals: int, weights: Sequence[int], counts: list[int]) ->
     def below(threshold: float) -> list[int]:
         return [_seats_below(w, n, threshold) for w, n in zip(weights, counts, strict=True)]
 
-    low, high = 0.0, 2.0 * max(weights) + 1.0
-    for _ in range(_BISECTIONS):
-        middle = (low + high) / 2
-        if not low < middle < high:
-            break
-        if sum(below(middle)) <= removals:
-            low = middle
-        else:
-            high = middle
+    low, _ = _boundary(lambda threshold: sum(below(threshold)) > removals, 2.0 * max(weights) + 1.0)
     return [n - gone for n, gone in zip(counts, below(low), strict=True)]
 
 
