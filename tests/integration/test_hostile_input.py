@@ -5,8 +5,9 @@ on real NATS and Redis.
 What each test proves:
 
 * objects as large as an API server stores (a ~700 KB ConfigMap, ~1.4 MB as JSON;
-  a Deployment carrying over 1 MiB, 200 KB of it in an annotation) and a custom resource nested 250 levels deep are
-  observed *and* analysed, and a later object of each type still flows;
+  a Deployment carrying over 1 MiB, 200 KB of it in an annotation) and a custom
+  resource nested 250 levels deep are observed *and* analysed, and a later object
+  of each type still flows;
 * on a bus too small for an object, that object is reported (Warning Event,
   dead-letter entry with its identity) and skipped, and its type keeps flowing;
 * a Deployment with a 253-character name and a missing ConfigMap is analysed,
