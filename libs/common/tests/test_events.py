@@ -5,7 +5,7 @@ import pytest
 from pydantic import ValidationError
 
 from flotilla.common import api, events
-from flotilla.common.errors import InvalidEvent
+from flotilla.common.errors import InvalidEvent, InvalidObject
 from flotilla.common.interpreters import Follow, Registry
 
 REF = events.ObjectRef(api_version="apps/v1", kind="Deployment", name="web", namespace="default")
@@ -207,3 +207,33 @@ def test_garbage_is_an_invalid_event(data: bytes) -> None:
 def test_every_event_type_is_in_the_union() -> None:
     names = {cls.__name__ for cls in events.EVENT_PAYLOADS}
     assert names == set(events.EVENT_TYPES)
+
+
+def nested(depth: int) -> dict[str, object]:
+    value: dict[str, object] = {"leaf": 1}
+    for _ in range(depth):
+        value = {"inner": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [10, 250, 600], ids=["shallow", "250 levels", "600 levels"])
+def test_deeply_nested_objects_round_trip(depth: int) -> None:
+    """Past pydantic's own limits (about 200 levels to parse, 250 to serialize)."""
+    obj = {"apiVersion": "example.com/v1", "kind": "Widget", "spec": nested(depth)}
+    event = analyzed()
+    event = event.model_copy(update={"payload": event.payload.model_copy(update={"object": obj})})
+    data = events.encode(event)
+    assert json.loads(data)["payload"]["object"] == obj
+    assert events.decode(data) == event
+
+
+def test_an_object_nested_beyond_any_parser_is_refused_as_permanent() -> None:
+    obj = {"spec": nested(5000)}
+    event = analyzed()
+    event = event.model_copy(update={"payload": event.payload.model_copy(update={"object": obj})})
+    with pytest.raises(InvalidObject) as caught:
+        events.encode(event)
+    assert caught.value.reason == "ObjectTooDeep"
+    hand_made = b'{"a":' * 5000 + b"1" + b"}" * 5000
+    with pytest.raises(InvalidEvent):
+        events.decode(hand_made)

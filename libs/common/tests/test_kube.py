@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 import shutil
 import ssl
 import subprocess
@@ -73,6 +74,43 @@ async def test_events_are_recorded_once_and_counted(kubesim_factory: Any) -> Non
         dyn = await DynamicClient(api)
         with pytest.raises(InvalidObject, match="does not serve"):
             await kube.resource_for(dyn, "example.com/v1", "Nope")
+
+
+@pytest.mark.parametrize(
+    "object_name",
+    ["web", "a" * 253, "a" * 236 + "." + "b" * 16, "Mixed_Case:name"],
+    ids=["short", "longest", "dot-at-cut", "not-a-subdomain"],
+)
+def test_event_names_are_always_valid_dns_subdomains(object_name: str) -> None:
+    name = kube.event_name(object_name, "0123456789abcdef")
+    assert len(name) <= kube.MAX_NAME
+    assert DNS_SUBDOMAIN.match(name), name
+    assert name.endswith(".0123456789abcdef")
+
+
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+@pytest.mark.integration
+async def test_a_long_name_gets_its_event_and_a_refused_event_does_not_raise(
+    kubesim_factory: Any,
+) -> None:
+    hub = await kubesim_factory("hub", hub=True)
+    async with await kube.client_from_kubeconfig(kubeconfig=hub.kubeconfig()) as api:
+        core = client.CoreV1Api(api)
+        long_name = "x" * 253
+        cm = await core.create_namespaced_config_map(
+            "default", {"metadata": {"name": long_name}, "data": {}}
+        )
+        obj = api.sanitize_for_serialization(cm)
+        obj.update(apiVersion="v1", kind="ConfigMap")
+        recorder = kube.EventRecorder(api, "flotilla-test")
+        await recorder.warning(obj, "DependencyMissing", "Secret default/db does not exist")
+        listed = await core.list_namespaced_event("default")
+        assert [e.involved_object.name for e in listed.items] == [long_name]
+        # The hub refuses (no such namespace): logged, not raised.
+        elsewhere = {**obj, "metadata": {**obj["metadata"], "namespace": "nowhere"}}
+        await recorder.warning(elsewhere, "DependencyMissing", "Secret nowhere/db does not exist")
 
 
 @pytest.mark.integration

@@ -518,3 +518,75 @@ def test_merge_does_not_depend_on_detection_order(seed: int) -> None:
 def test_malformed_annotation_is_reported(value: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         detection.user_dependencies(annotated_deployment(value))
+
+
+# --- scope: what an object may depend on ------------------------------------------------
+
+
+API_VERSIONS = {
+    "ClusterRole": "rbac.authorization.k8s.io/v1",
+    "ClusterRoleBinding": "rbac.authorization.k8s.io/v1",
+    "CustomResourceDefinition": "apiextensions.k8s.io/v1",
+    "IngressClass": "networking.k8s.io/v1",
+    "PriorityClass": "scheduling.k8s.io/v1",
+    "RuntimeClass": "node.k8s.io/v1",
+    "StorageClass": "storage.k8s.io/v1",
+}
+
+
+def ref(kind: str, name: str, namespace: str | None = None) -> Any:
+    api_version = API_VERSIONS.get(kind, "v1")
+    return DependencyEntry(api_version=api_version, kind=kind, name=name, namespace=namespace)
+
+
+SYSTEM = "flotilla-system"
+OWN = "Flotilla's own"
+NOT_ALLOWED = "not a kind objects may depend on"
+# (id, dependent kind, dependent namespace, dependency, refused because … or None)
+SCOPE_CASES = [
+    ("same namespace", "Deployment", "shop", ref("Secret", "db", "shop"), None),
+    ("no namespace means own", "Deployment", "shop", ref("ConfigMap", "cfg"), None),
+    ("other namespace", "Deployment", "bad", ref("Secret", "db", "shop"), "must be in"),
+    ("member kubeconfig", "Deployment", "bad", ref("Secret", "us-east", SYSTEM), OWN),
+    ("system namespace even when own", "Deployment", SYSTEM, ref("Secret", "us-east"), OWN),
+    ("cluster-scoped object, system ns", "ClusterIssuer", None, ref("Secret", "x", SYSTEM), OWN),
+    ("cluster-scoped object, any ns", "ClusterIssuer", None, ref("Secret", "ca", "certs"), None),
+    ("own Namespace", "Deployment", "shop", ref("Namespace", "shop"), None),
+    ("another Namespace", "Deployment", "shop", ref("Namespace", "other"), "its own namespace"),
+    ("system Namespace", "ClusterIssuer", None, ref("Namespace", SYSTEM), OWN),
+    ("PriorityClass", "Deployment", "shop", ref("PriorityClass", "high"), None),
+    ("StorageClass", "PersistentVolumeClaim", "shop", ref("StorageClass", "fast"), None),
+    ("IngressClass", "Ingress", "shop", ref("IngressClass", "nginx"), None),
+    ("RuntimeClass", "Pod", "shop", ref("RuntimeClass", "gvisor"), None),
+    ("ClusterRole from a RoleBinding", "RoleBinding", "shop", ref("ClusterRole", "view"), None),
+    ("ClusterRole otherwise", "Deployment", "shop", ref("ClusterRole", "x"), "only a RoleBinding"),
+    ("ClusterRoleBinding", "Deployment", "shop", ref("ClusterRoleBinding", "root"), NOT_ALLOWED),
+    ("Node", "Deployment", "shop", ref("Node", "n1"), NOT_ALLOWED),
+    ("CRD", "Widget", "shop", ref("CustomResourceDefinition", "x"), NOT_ALLOWED),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "namespace", "entry", "refused"),
+    [case[1:] for case in SCOPE_CASES],
+    ids=[case[0] for case in SCOPE_CASES],
+)
+def test_dependency_scope(
+    kind: str, namespace: str | None, entry: DependencyEntry, refused: str | None
+) -> None:
+    why = detection.refusal(
+        entry, kind=kind, namespace=namespace, system_namespace="flotilla-system"
+    )
+    if refused is None:
+        assert why is None
+    else:
+        assert why is not None and refused in why
+
+
+def test_within_scope_keeps_order_and_says_why() -> None:
+    entries = [ref("Secret", "db"), ref("Secret", "x", "flotilla-system"), ref("ConfigMap", "c")]
+    allowed, refused = detection.within_scope(
+        entries, kind="Deployment", namespace="shop", system_namespace="flotilla-system"
+    )
+    assert [e.name for e in allowed] == ["db", "c"]
+    assert [(e.name, "Flotilla's own" in why) for e, why in refused] == [("x", True)]

@@ -329,3 +329,70 @@ async def test_interpreters_written_to_the_hub_are_picked_up_without_an_event(
         await s.create(FLINK_INTERPRETER)
         await eventually(lambda: s.detector.registry.lookup(flink_type).source != "default")
         assert s.detector.registry.lookup(flink_type).source == "ResourceInterpreter/flink"
+
+
+async def test_a_member_kubeconfig_is_never_a_dependency_of_a_users_object(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    """A Deployment in namespace ``bad`` names the Secret holding a member cluster's
+    kubeconfig, by annotation; a custom resource there names it by a generic
+    reference. Neither analysis carries it, both authors hear why, and what they
+    may depend on still flows."""
+    member_secret = {"apiVersion": "v1", "kind": "Secret", "name": "us-east"}
+    in_system = {**member_secret, "namespace": "flotilla-system"}
+    async with detector(kubesim_factory, nats_server, unique) as s:
+        core = k8s.CoreV1Api(s.api)
+        for namespace in ("bad", "flotilla-system"):
+            await core.create_namespace({"metadata": {"name": namespace}})
+        await s.create(
+            manifest("v1", "Secret", name="us-east", namespace="flotilla-system", data={})
+        )
+        by_annotation = web(**{DEPENDENCIES_ANNOTATION: json.dumps([in_system])})
+        by_annotation["metadata"]["namespace"] = "bad"
+        by_reference = manifest(
+            "flink.apache.org/v1beta1",
+            "FlinkDeployment",
+            {
+                "kubeconfig": in_system,
+                "config": {"apiVersion": "v1", "kind": "ConfigMap", "name": "c"},
+            },
+            name="flink",
+            namespace="bad",
+        )
+        for obj in (by_annotation, by_reference):
+            await s.observe(await s.create(obj))
+        await eventually(lambda: s.analyses("web") and s.analyses("flink"))
+
+        for name in ("web", "flink"):
+            (analysed,) = s.analyses(name)
+            assert all(d.namespace == "bad" for d in analysed.dependencies), analysed.dependencies
+            assert not any(d.name == "us-east" for d in analysed.dependencies)
+        assert {d.name for d in s.analyses("flink")[0].dependencies} == {"c"}
+        assert {d.name for d in s.analyses("web")[0].dependencies} == {"web-config", "web-sa"}
+
+        async def refused() -> list[str]:
+            listed = await core.list_namespaced_event("bad")
+            return [e.involved_object.name for e in listed.items if e.reason == "DependencyRefused"]
+
+        async def both_refused() -> bool:
+            return sorted(await refused()) == ["flink", "web"]
+
+        await eventually(both_refused, what="a DependencyRefused Event on each object")
+        written = await s.get(by_reference)
+        assert "us-east" not in written["metadata"]["annotations"][DEPENDENCIES_ANNOTATION]
+
+
+async def test_a_253_character_name_with_a_missing_dependency_is_analysed_and_reported(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    """The Event's name must stay a valid name however long the object's is, and a
+    failure to report would not stop the analysis either."""
+    long_name = "w" * 253
+    async with detector(kubesim_factory, nats_server, unique) as s:
+        obj = web()
+        obj["metadata"]["name"] = long_name
+        await s.observe(await s.create(obj))
+        (analysed,) = await eventually(lambda: s.analyses(long_name))
+        assert {d.name for d in analysed.dependencies} == {"web-config", "web-sa"}
+        (missing,) = await eventually(lambda: s.warnings("DependencyMissing"))
+        assert "ConfigMap shop/web-config" in missing

@@ -119,14 +119,9 @@ def test_whole_sets_estimate_counts_more_than_one() -> None:
             "cordon",
             "cordoned (spec.unschedulable); no new placements",
         ),
-        (
-            make_cluster("x").draining(NOW - timedelta(minutes=5)),
-            "draining",
-            "draining (spec.evictAfter 2026-11-29T11:55:00+00:00); no new placements",
-        ),
         (make_cluster("x").not_ready("Lost"), "ready", "not Ready: Ready is False (Lost)"),
     ],
-    ids=["tainted", "cordoned", "draining", "NotReady"],
+    ids=["tainted", "cordoned", "NotReady"],
 )
 def test_unusable_cluster_is_rejected_with_the_right_reason(
     cluster: ClusterBuilder, unit: str, reason: str
@@ -164,7 +159,7 @@ def test_empty_fleet() -> None:
     assert decision.reason == "no cluster can take it: no clusters are registered"
 
 
-# --- existing placements: cordon keeps, drain moves (make-before-break) -------------------
+# --- existing placements: cordon keeps, avoid_clusters moves (make-before-break) ---------
 
 
 def test_cordon_keeps_existing_placement() -> None:
@@ -176,10 +171,19 @@ def test_cordon_keeps_existing_placement() -> None:
     assert retiring(decision) == {}
 
 
-def test_drain_moves_everything_and_keeps_the_old_copy_retiring() -> None:
-    clusters = [make_cluster("a").draining(), make_cluster("b"), make_cluster("c")]
+def test_evict_after_alone_moves_nothing_and_places_as_before() -> None:
+    """When a cluster is drained is the drain coordinator's decision, not the core's."""
+    clusters = [make_cluster("a").draining(NOW - timedelta(hours=1)), make_cluster("b")]
+    kept = schedule(make_input(make_deployment(replicas=4), clusters, previous=placed(("a", 4))))
+    assert active(kept) == {"a": 4}
+    fresh = schedule(make_input(make_pod(), [make_cluster("a").draining()]))
+    assert active(fresh) == {"a": 1}
+
+
+def test_avoided_cluster_moves_everything_and_keeps_the_old_copy_retiring() -> None:
+    clusters = [make_cluster("a"), make_cluster("b"), make_cluster("c")]
     decision = schedule(
-        make_input(make_deployment(replicas=4), clusters, previous=placed(("a", 4)))
+        make_input(make_deployment(replicas=4), clusters, previous=placed(("a", 4)), avoid={"a"})
     )
     assert active(decision) == {"b": 2, "c": 2}
     assert retiring(decision) == {"a": 4}
@@ -357,15 +361,11 @@ def fleets(draw: st.DrawFn) -> list[ClusterBuilder]:
             region=draw(st.sampled_from(["eu", "us", "ap"]))
         )
         cluster.with_room(draw(st.integers(1, 3)), cpu=str(draw(st.integers(0, 4))))
-        state = draw(st.sampled_from(["ok", "ok", "cordon", "notready", "drain", "drain-later"]))
+        state = draw(st.sampled_from(["ok", "ok", "cordon", "notready"]))
         if state == "cordon":
             cluster.cordoned()
         elif state == "notready":
             cluster.not_ready()
-        elif state == "drain":
-            cluster.draining(NOW - timedelta(minutes=1))
-        elif state == "drain-later":
-            cluster.draining(NOW + timedelta(minutes=1))
         taint = draw(st.sampled_from(["", "NoSchedule", "NoExecute"]))
         if taint:
             cluster.with_taint("dedicated", "batch", taint, added=NOW - timedelta(seconds=90))
@@ -474,7 +474,8 @@ def test_input_with_its_own_fleet_decides_like_a_shared_one() -> None:
 
 
 def test_naive_now_is_taken_as_utc() -> None:
-    clusters = [make_cluster("a").draining(NOW + timedelta(minutes=1)), make_cluster("b")]
-    inp = make_input(make_pod(), clusters, previous=placed(("a", 1)))
+    clusters = [make_cluster("a").with_taint("t", "", "NoExecute", added=NOW), make_cluster("b")]
+    tolerated = make_policy().tolerating("t", effect="NoExecute", seconds=60)
+    inp = make_input(make_pod(), clusters, previous=placed(("a", 1)), policy=tolerated)
     naive = dataclasses.replace(inp, now=NOW.replace(tzinfo=None) + timedelta(minutes=2))
     assert active(schedule(naive)) == {"b": 1}

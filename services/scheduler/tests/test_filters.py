@@ -279,42 +279,9 @@ def test_cordon(case: Case) -> None:
     check("cordon", case)
 
 
-DRAIN_CASES = [
-    Case("no evictAfter passes", [make_cluster("a")], {}),
-    Case(
-        "evictAfter passed rejects existing",
-        [make_cluster("a").draining(NOW - timedelta(seconds=1))],
-        {"a": "every placement moves away"},
-        previous=placed(("a", 3)),
-    ),
-    Case(
-        "evictAfter now counts as passed",
-        [make_cluster("a").draining(NOW)],
-        {"a": "draining since"},
-        previous=placed(("a", 3)),
-    ),
-    Case(
-        "future drain rejects new",
-        [make_cluster("a").draining(NOW + timedelta(hours=1))],
-        {"a": "no new placements"},
-    ),
-    Case(
-        "past drain rejects new with the same reason",
-        [make_cluster("a").draining(NOW - timedelta(hours=1))],
-        {"a": "draining (spec.evictAfter 2026-11-29T11:00:00+00:00); no new placements"},
-    ),
-    Case(
-        "future drain keeps existing",
-        [make_cluster("a").draining(NOW + timedelta(hours=1))],
-        {},
-        previous=placed(("a", 3)),
-    ),
-]
-
-
-@pytest.mark.parametrize("case", DRAIN_CASES, ids=ids(DRAIN_CASES))
-def test_draining(case: Case) -> None:
-    check("draining", case)
+def test_evict_after_is_not_a_filter() -> None:
+    """Draining is the drain coordinator's call (``avoid_clusters``), not a filter."""
+    assert "draining" not in filters.FILTERS
 
 
 READY_CASES = [
@@ -458,9 +425,19 @@ CAPACITY_CASES = [
         {"a": "no capacity record"},
     ),
     Case(
-        "objects without requests are not judged",
+        "objects without requests still need a pod slot per replica",
+        [
+            make_cluster("a").with_room(1, cpu="64", memory="64Gi", pods=2),
+            make_cluster("b").with_room(1, cpu="64", memory="64Gi", pods=3),
+        ],
+        {"a": "room for 2 of 3 replicas (pods=1)"},
+        obj=make_deployment().with_requests(),
+        policy=make_policy().strategy("any"),
+    ),
+    Case(
+        "objects without requests need a capacity record",
         [make_cluster("a").without_capacity()],
-        {},
+        {"a": "no capacity record"},
         obj=make_deployment().with_requests(),
     ),
     Case(
@@ -499,7 +476,6 @@ def test_every_filter_has_a_table() -> None:
         "reschedule",
         "cluster-names",
         "cluster-selector",
-        "draining",
         "cordon",
         "ready",
         "taints",

@@ -18,7 +18,7 @@ import pytest
 from flotilla.common import events
 from flotilla.common.api import STRATEGY_ANNOTATION, Strategy
 from flotilla.common.bus import Bus
-from flotilla.common.capacity import FakeCapacityCache
+from flotilla.common.capacity import CapacityCache, FakeCapacityCache
 from flotilla.common.dispatch import Received
 from flotilla.common.errors import InvalidObject, Unavailable
 from flotilla.common.events import (
@@ -30,8 +30,10 @@ from flotilla.common.events import (
     RescheduleRequested,
     ResourceAnalyzed,
 )
-from flotilla.common.infra import NatsServer
+from flotilla.common.infra import NatsServer, RedisServer
+from flotilla.common.rediscapacity import RedisCapacityCache
 from flotilla.common.store import Conflict
+from flotilla.common.testing import eventually
 from flotilla.common.topology import Topology
 from flotilla.scheduler.records import ClusterRecord, PlacementRecord
 from flotilla.scheduler.service import Scheduler
@@ -144,17 +146,25 @@ class Harness:
 
 
 async def open_scheduler(
-    url: str, prefix: str, cache: FakeCapacityCache, reporter: FakeReporter | None = None
+    url: str,
+    prefix: str,
+    cache: CapacityCache,
+    reporter: FakeReporter | None = None,
+    *,
+    snapshot_max_age: float = 0.0,
+    instance: str = "",
 ) -> tuple[Bus, Scheduler, list[asyncio.Task[None]]]:
     bus = await Bus.connect(
-        url, topology=Topology(prefix=prefix, partitions=2), producer=f"scheduler/{prefix}"
+        url,
+        topology=Topology(prefix=prefix, partitions=2),
+        producer=f"scheduler/{prefix}{instance}",
     )
     scheduler = await Scheduler.open(
         bus,
         cache,
         reservation_ttl=600.0,
         sync_timeout=5.0,
-        snapshot_max_age=0.0,
+        snapshot_max_age=snapshot_max_age,
         reporter=reporter,
     )
     tasks = [
@@ -183,6 +193,14 @@ async def harness(nats_server: NatsServer, unique: str) -> AsyncIterator[Harness
         yield harness
     finally:
         await close(bus, tasks)
+
+
+def reschedule(
+    analyzed: ResourceAnalyzed, reason: str, *, avoid: list[str] | None = None
+) -> Envelope:
+    """A ``RescheduleRequested`` as the drain coordinator sends it."""
+    command = RescheduleRequested(ref=analyzed.ref, reason=reason, avoid_clusters=avoid or [])
+    return events.envelope(command, key=analyzed.ref.key, producer="test", dedupe=(reason,))
 
 
 def small(name: str, cpu: str = "1", labels: dict[str, str] | None = None) -> ClusterBuilder:
@@ -238,7 +256,7 @@ async def test_scale_up_reserves_the_new_count_and_publishes_previous(harness: H
     assert [r.replicas for r in await harness.cache.reservations("a")] == [5]
 
 
-async def test_unschedulable_is_pending_and_retried_only_when_capacity_grows(
+async def test_unschedulable_is_pending_and_retried_when_a_record_could_help(
     harness: Harness,
 ) -> None:
     await harness.cluster(small("a", "1"))
@@ -250,11 +268,11 @@ async def test_unschedulable_is_pending_and_retried_only_when_capacity_grows(
     assert harness.scheduler.index.waiting() == {big.ref.key}
     assert harness.reporter.warnings == [("big", "Unschedulable", record.decided.reason)]
 
+    await harness.cache.put(small("a", "4").record())  # type: ignore[arg-type]
     grown = CapacityChanged(cluster="a", available={"cpu": 4000}, allocatable={"cpu": 4000})
     await harness.handle(events.envelope(grown, key="a", producer="test", revision=1))
-    # Same figures again: nothing is re-tried (no hot loop on periodic reports).
+    # The same record reported again: nothing is re-tried (no loop on repeated reports).
     await harness.handle(events.envelope(grown, key="a", producer="test", revision=2))
-    await harness.cache.put(small("a", "4").record())  # type: ignore[arg-type]
     assert await harness.run_requests() == [big.ref.key]
     record = await harness.record(big.ref.key)
     assert harness.active(record) == {"a": 1}
@@ -263,9 +281,11 @@ async def test_unschedulable_is_pending_and_retried_only_when_capacity_grows(
     assert len(harness.reporter.warnings) == 1, "a placed object is not warned about"
 
 
-async def test_cordon_reevaluates_nothing_and_drain_moves_what_is_placed(
+async def test_cordon_and_evict_after_reevaluate_nothing_and_avoid_clusters_moves(
     harness: Harness,
 ) -> None:
+    """The drain coordinator decides when a cluster drains: the scheduler ignores
+    ``evictAfter`` and moves what runs there when asked with ``avoid_clusters``."""
     await harness.cluster(small("a", "4"))
     web = make_deployment("web", replicas=2).build()
     await harness.analyzed(web)
@@ -277,7 +297,9 @@ async def test_cordon_reevaluates_nothing_and_drain_moves_what_is_placed(
     assert await harness.run_requests() == []
 
     await harness.cluster(small("a", "4").cordoned().draining())
-    assert await harness.run_requests() == [web.ref.key]
+    assert await harness.run_requests() == []
+    assert harness.active(await harness.record(web.ref.key)) == {"a": 2}
+    await harness.handle(reschedule(web, "drain cluster a", avoid=["a"]))
     record = await harness.record(web.ref.key)
     assert harness.active(record) == {"b": 2}
     assert {p.cluster: p.state for p in record.clusters}["a"] == "Retiring"
@@ -536,7 +558,7 @@ async def test_redelivered_cluster_change_sends_its_requests_again(harness: Harn
     await harness.analyzed(web)
     await harness.cluster(small("b", "4"))
     await harness.run_requests()
-    drain = harness.cluster_event(small("a", "4").draining())
+    drain = harness.cluster_event(small("a", "4").with_taint("gone", "", "NoExecute"))
     sending = harness.scheduler._request
 
     async def bus_down(*args: Any, **kwargs: Any) -> None:
@@ -636,6 +658,193 @@ async def test_ten_thousand_created_and_deleted_objects_leave_nothing_behind(
         await close(bus, tasks)
 
 
+async def test_an_unchanged_placement_in_another_order_publishes_nothing(
+    harness: Harness,
+) -> None:
+    """Strategies list clusters in score order; scores follow capacity. The same
+    clusters listed in another order are the same placement: nothing is announced."""
+    for name in ("a", "b", "c"):
+        await harness.cluster(small(name, "4"))
+    agent = make_daemonset("agent").with_requests(cpu="100m").build()
+    await harness.analyzed(agent)
+    first = await harness.decided(agent.ref.key)
+    assert len(first) == 1
+    order = [p.cluster for p in first[0].clusters]
+
+    # The last-ranked cluster becomes the roomiest: the score order changes.
+    await harness.cache.put(small(order[-1], "64").record())  # type: ignore[arg-type]
+    await harness.handle(reschedule(agent, "look again"))
+    await harness.handle(reschedule(agent, "and again"))
+    assert await harness.decided(agent.ref.key) == first
+    record = await harness.record(agent.ref.key)
+    assert record.decided == first[0]
+
+
+def capacity_changed(name: str, cpu: int, revision: int) -> Envelope:
+    """What the syncer publishes after writing a capacity record."""
+    figures = {"cpu": cpu, "memory": 64 * 2**30, "pods": 110}
+    payload = CapacityChanged(cluster=name, available=figures, allocatable=figures)
+    return events.envelope(payload, key=name, producer="test", revision=revision)
+
+
+async def test_pending_objects_are_placed_when_redis_comes_back_with_the_same_figures(
+    nats_server: NatsServer, fresh_redis: RedisServer, unique: str
+) -> None:
+    """Redis restarts empty; objects decided meanwhile see no capacity record and
+    wait. The syncer writes the record again with the same figures as before: that
+    must place them, with no other trigger."""
+    cache = RedisCapacityCache.from_url(fresh_redis.url, prefix=f"t{unique}:")
+    bus, scheduler, tasks = await open_scheduler(nats_server.url, f"s{unique}", cache)
+    try:
+        harness = Harness(bus, scheduler, cache)  # type: ignore[arg-type]
+        await harness.cluster(small("a", "8"))
+        await harness.handle(capacity_changed("a", 8000, 1))
+        first = make_pod("first").with_requests(cpu="1").build()
+        await harness.analyzed(first)
+        assert harness.active(await harness.record(first.ref.key)) == {"a": 1}
+
+        fresh_redis.kill()
+        fresh_redis.start()
+        late = [make_pod(f"late-{i}").with_requests(cpu="1").build() for i in range(3)]
+        for obj in late:
+            envelope = harness.analyzed_event(obj)
+
+            async def decided(envelope: Envelope = envelope) -> bool:
+                try:
+                    await harness.handle(envelope)
+                except Unavailable:
+                    return False  # the client reconnects to the restarted Redis
+                return True
+
+            await eventually(decided, what="a decision against the restarted Redis")
+            assert (await harness.record(obj.ref.key)).waiting
+
+        await cache.put(small("a", "8").record())  # type: ignore[arg-type]
+        await harness.handle(capacity_changed("a", 8000, 2))
+        assert await harness.run_requests() == sorted(o.ref.key for o in late)
+        for obj in late:
+            assert harness.active(await harness.record(obj.ref.key)) == {"a": 1}
+    finally:
+        await close(bus, tasks)
+        await cache.aclose()
+
+
+async def test_a_capacity_retry_decides_on_the_new_capacity_on_any_replica(
+    nats_server: NatsServer, unique: str
+) -> None:
+    """Replica A takes the ``CapacityChanged``; replica B, whose shared snapshot is
+    young enough to be reused, decides the retry: it must see the new record."""
+    cache = FakeCapacityCache()
+    prefix = f"s{unique}"
+    bus_a, replica_a, tasks_a = await open_scheduler(nats_server.url, prefix, cache, instance="a")
+    bus_b, replica_b, tasks_b = await open_scheduler(
+        nats_server.url, prefix, cache, snapshot_max_age=3600.0, instance="b"
+    )
+    try:
+        on_a = Harness(bus_a, replica_a, cache)
+        on_b = Harness(bus_b, replica_b, cache)
+        await on_a.cluster(small("a", "1"))
+        big = make_pod("big").with_requests(cpu="2").build()
+        await on_b.analyzed(big)
+        assert (await on_b.record(big.ref.key)).waiting
+
+        await cache.put(small("a", "4").record())  # type: ignore[arg-type]
+        await on_a.handle(capacity_changed("a", 4000, 1))
+        assert await on_b.run_requests() == [big.ref.key]
+        assert on_b.active(await on_b.record(big.ref.key)) == {"a": 1}
+    finally:
+        await close(bus_a, tasks_a)
+        await close(bus_b, tasks_b)
+
+
+async def test_replicas_without_requests_are_bounded_by_pods_and_absurd_counts_do_not_stall(
+    harness: Harness,
+) -> None:
+    """Every replica needs a pod slot, requests or not; a replica count of ten
+    million is placed as far as capacity allows (or refused), at once, with an Event."""
+    started = time.monotonic()
+
+    def only(analyzed: ResourceAnalyzed, *names: str) -> ResourceAnalyzed:
+        return analyzed.model_copy(update={"policy_spec": make_policy().names(*names).build()})
+
+    def roomy(name: str, nodes: int) -> ClusterBuilder:
+        return make_cluster(name).with_room(nodes, cpu="64", memory="64Gi", pods=110)
+
+    for builder in (roomy("a", 5), roomy("b", 5), roomy("m", 2)):
+        await harness.cluster(builder)
+
+    many = only(make_deployment("many", replicas=6000).with_requests().build(), "m")
+    await harness.analyzed(many)
+    record = await harness.record(many.ref.key)
+    assert harness.active(record) == {"m": 220}
+    assert record.pending == 6000 - 220
+    assert [r.replicas for r in await harness.cache.reservations("m")] == [220]
+
+    huge = only(make_deployment("huge", replicas=10_000_000).build(), "a", "b", "c")
+    await harness.analyzed(huge)
+    record = await harness.record(huge.ref.key)
+    assert harness.active(record) == {"a": 550, "b": 550}  # pods, not CPU, run out first
+    assert record.pending == 10_000_000 - 1100
+
+    anywhere = only(make_pod("huge-pod").with_requests().with_replicas(10_000_000).build(), "a")
+    await harness.analyzed(anywhere)
+    record = await harness.record(anywhere.ref.key)
+    assert not record.schedulable
+    assert record.decided.rejections["a"] == ["capacity: room for 0 of 10000000 replicas (pods=1)"]
+
+    # A new cluster: the partly placed object grows onto it, as far as its pods go.
+    await harness.cluster(roomy("c", 1))
+    assert huge.ref.key in await harness.run_requests()
+    assert harness.active(await harness.record(huge.ref.key)) == {"a": 550, "b": 550, "c": 110}
+
+    await harness.cluster(small("w", "4"))
+    await harness.run_requests()
+    web = only(make_deployment("web", replicas=2).build(), "w")
+    await harness.analyzed(web)
+    assert harness.active(await harness.record(web.ref.key)) == {"w": 2}
+
+    reasons = {(name, reason) for name, reason, _ in harness.reporter.warnings}
+    assert ("many", "PartiallyScheduled") in reasons
+    assert ("huge", "PartiallyScheduled") in reasons
+    assert ("huge-pod", "Unschedulable") in reasons
+    assert time.monotonic() - started < 30, "a generous bound: replica by replica takes minutes"
+
+
+async def test_reservations_of_an_abandoned_attempt_are_released(
+    nats_server: NatsServer, unique: str
+) -> None:
+    """A replica reserved on b and died before recording; the redelivered event put
+    the object on a. Once older than the grace, the claim on b is released; claims
+    a record backs, and young ones (a decision in flight), are kept."""
+    now = [1_000_000.0]
+    cache = FakeCapacityCache(clock=lambda: now[0])
+    bus, scheduler, tasks = await open_scheduler(nats_server.url, f"s{unique}", cache)
+    scheduler.reservation_grace = 30.0
+    try:
+        harness = Harness(bus, scheduler, cache)
+        await harness.cluster(small("a", "4"))
+        await harness.cluster(small("b", "4"))
+        web = make_pod("web").with_requests(cpu="1").build()
+        await harness.analyzed(web)
+        (held,) = harness.active(await harness.record(web.ref.key))
+        other = "b" if held == "a" else "a"
+        # What the dead replica left behind, and a claim being made right now.
+        assert await cache.reserve(other, web.ref.key, {"cpu": 1000}, 2, 600.0)
+        now[0] += 31.0
+        fresh = make_pod("fresh").with_requests(cpu="1").build()
+        assert await cache.reserve(other, fresh.ref.key, {"cpu": 1000}, 1, 600.0)
+
+        assert await scheduler.reconcile_reservations() == 1
+        assert [r.id for r in await cache.reservations(held)] == [web.ref.key]
+        assert [r.id for r in await cache.reservations(other)] == [fresh.ref.key]
+        now[0] += 31.0  # nothing ever recorded the fresh claim either
+        assert await scheduler.reconcile_reservations() == 1
+        assert await cache.reservations(other) == []
+        assert [r.id for r in await cache.reservations(held)] == [web.ref.key]
+    finally:
+        await close(bus, tasks)
+
+
 def placement(analyzed: ResourceAnalyzed, *clusters: str) -> PlacementRecord:
     entries = [ClusterPlacement(cluster=c, replicas=1) for c in clusters]
     return PlacementRecord(
@@ -650,3 +859,32 @@ def deleted(record: PlacementRecord) -> PlacementRecord:
         ref=record.analyzed.ref, decision_id="gone", clusters=[], deleted=True
     )
     return record.model_copy(update={"decided": decided})
+
+
+async def test_a_restarted_replica_never_publishes_a_decision_twice(
+    nats_server: NatsServer, unique: str
+) -> None:
+    """The replica died after recording and publishing, before acknowledging: the
+    redelivered event and any later look at the unchanged object, on a fresh replica,
+    leave exactly one ``PlacementDecided`` on the stream."""
+    cache = FakeCapacityCache()
+    prefix = f"s{unique}"
+    bus, scheduler, tasks = await open_scheduler(nats_server.url, prefix, cache)
+    try:
+        before = Harness(bus, scheduler, cache)
+        for name in ("a", "b", "c"):
+            await before.cluster(small(name, "4"))
+        agent = make_daemonset("agent").build()
+        delivered = await before.analyzed(agent)
+    finally:
+        await close(bus, tasks)
+    bus, scheduler, tasks = await open_scheduler(nats_server.url, prefix, cache, instance="2")
+    try:
+        after = Harness(bus, scheduler, cache)
+        await after.handle(delivered)
+        await after.handle(reschedule(agent, "look again"))
+        decided = await after.decided(agent.ref.key)
+        assert len(decided) == 1
+        assert (await after.record(agent.ref.key)).decided == decided[0]
+    finally:
+        await close(bus, tasks)

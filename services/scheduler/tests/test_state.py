@@ -35,14 +35,15 @@ def base() -> ClusterBuilder:
 CASES: list[tuple[str, ClusterBuilder | None, ClusterBuilder | None, state.Impact]] = [
     ("cordon affects nothing", base(), base().cordoned(), state.Impact()),
     ("uncordon opens", base().cordoned(), base(), state.Impact(opened=True)),
-    ("drain moves placed", base(), base().draining(), state.Impact(placed=True)),
+    # Draining is the drain coordinator's call; it asks with avoid_clusters.
+    ("evictAfter set affects nothing", base(), base().draining(), state.Impact()),
     (
-        "drain moved later moves placed",
+        "evictAfter moved affects nothing",
         base().draining(NOW),
         base().draining(NOW + timedelta(hours=1)),
-        state.Impact(placed=True),
+        state.Impact(),
     ),
-    ("drain cancelled opens", base().draining(), base(), state.Impact(opened=True)),
+    ("evictAfter cleared affects nothing", base().draining(), base(), state.Impact()),
     ("not ready affects placed", base(), base().not_ready(), state.Impact(placed=True)),
     ("ready again opens", base().not_ready(), base(), state.Impact(opened=True)),
     ("taint added affects placed", base(), base().with_taint("gpu"), state.Impact(placed=True)),
@@ -92,7 +93,10 @@ def test_impact_of_a_cluster_change(
 
 @pytest.mark.parametrize(
     ("old", "new", "worth_writing"),
-    [(case[1], case[2], case[0] != "status only") for case in CASES],
+    [
+        (case[1], case[2], case[0] != "status only" and "evictAfter" not in case[0])
+        for case in CASES
+    ],
     ids=[case[0] for case in CASES],
 )
 def test_only_placement_relevant_changes_are_written(
@@ -195,18 +199,42 @@ def test_clusters_view_keeps_the_newest() -> None:
     assert view.version == 11
 
 
+def pending_on(rejection: str | None, requests: dict[str, int]) -> PlacementRecord:
+    """A Pending split object whose last decision turned cluster c1 down with `rejection`."""
+    analyzed = make_deployment("p", replicas=2).build().model_copy(update={"requests": requests})
+    rejections = {"c1": [rejection]} if rejection else {}
+    decided = PlacementDecided(
+        ref=analyzed.ref, decision_id="d", clusters=[], rejections=rejections
+    )
+    return PlacementRecord(
+        key=analyzed.ref.key, analyzed=analyzed, decided=decided, schedulable=False, pending=2
+    )
+
+
+HELPED_CASES = [
+    ("no record seen, one fits now", "capacity: no capacity record in the snapshot yet", {}, True),
+    ("too small before, fits now", "capacity: fits 0 of 2 replicas", {"cpu": 1000}, True),
+    ("not rejected at all, fits", None, {"cpu": 1000}, True),
+    ("does not fit", "capacity: fits 0 of 2 replicas", {"cpu": 64000}, False),
+    ("tainted: room cannot help", "taints: taint x:NoSchedule is not tolerated", {}, False),
+    ("no pod slot left", None, {"pods": 0}, False),
+]
+
+
 @pytest.mark.parametrize(
-    ("before", "after", "grew"),
-    [
-        (None, {"cpu": 1}, True),
-        ({"cpu": 1}, {"cpu": 1}, False),
-        ({"cpu": 2, "memory": 5}, {"cpu": 1, "memory": 6}, True),
-        ({"cpu": 2}, {"cpu": 1}, False),
-    ],
-    ids=["first news", "same", "one resource more", "less"],
+    ("rejection", "requests", "helped"),
+    [case[1:] for case in HELPED_CASES],
+    ids=[case[0] for case in HELPED_CASES],
 )
-def test_capacity_grew(before: dict[str, int] | None, after: dict[str, int], grew: bool) -> None:
-    assert state.capacity_grew(before, after) is grew
+def test_a_capacity_record_helps_pending_objects_it_could_place(
+    rejection: str | None, requests: dict[str, int], helped: bool
+) -> None:
+    room = make_cluster("c1").with_room(1, cpu="4", memory="8Gi").record()
+    assert room is not None
+    if requests.get("pods") == 0:
+        room = room.model_copy(update={"available": {**room.available, "pods": 0}})
+        requests = {}
+    assert state.helped_by(pending_on(rejection, requests), "c1", room) is helped
 
 
 @pytest.mark.parametrize(

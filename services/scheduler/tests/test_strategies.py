@@ -79,6 +79,50 @@ def test_apportion(
     assert strategies.apportion(total, weights, caps, start) == expected
 
 
+def one_at_a_time(total: int, weights: list[int], caps: list[int], start: list[int]) -> list[int]:
+    """Sainte-Laguë by definition: the next seat to the best quotient, one by one."""
+    counts = list(start)
+    while sum(counts) < total:
+        open_ = [i for i in range(len(counts)) if counts[i] < caps[i] and weights[i] > 0]
+        if not open_:
+            break
+        best = max(open_, key=lambda i: (weights[i] / (counts[i] + 0.5), -i))
+        counts[best] += 1
+    while sum(counts) > total:
+        held = [i for i in range(len(counts)) if counts[i] > 0]
+        worst = min(held, key=lambda i: (weights[i] / (counts[i] - 0.5), -i))
+        counts[worst] -= 1
+    return counts
+
+
+@st.composite
+def apportionments(draw: st.DrawFn) -> tuple[int, list[int], list[int], list[int]]:
+    n = draw(st.integers(min_value=1, max_value=8))
+    weights = draw(st.lists(st.sampled_from([0, 1, 2, 3, 7, 100, 4999]), min_size=n, max_size=n))
+    caps = draw(st.lists(st.sampled_from([0, 3, 40, 300, 2000]), min_size=n, max_size=n))
+    start = [draw(st.integers(min_value=0, max_value=cap)) for cap in caps]
+    total = draw(st.integers(min_value=0, max_value=6000))
+    return total, weights, caps, start
+
+
+@settings(max_examples=150, deadline=None)
+@given(apportionments())
+def test_apportion_in_bulk_equals_one_seat_at_a_time(
+    case: tuple[int, list[int], list[int], list[int]],
+) -> None:
+    assert strategies.apportion(*case) == one_at_a_time(*case)
+
+
+def test_apportion_of_an_absurd_count_is_immediate() -> None:
+    """10,000,000 replicas over 1,000 clusters: O(clusters), not O(replicas)."""
+    weights = list(range(1, 1001))
+    counts = strategies.apportion(10_000_000, weights, [2**31 - 1] * 1000, [0] * 1000)
+    assert sum(counts) == 10_000_000
+    assert counts == sorted(counts)  # more weight, more seats
+    full = strategies.apportion(10_000_000, weights, [1100] * 1000, [0] * 1000)
+    assert full == [1100] * 1000
+
+
 # --- select: maxClusters and spread -----------------------------------------------------
 
 
@@ -341,8 +385,8 @@ def test_any_stays_on_the_current_cluster(current: str) -> None:
 
 
 def test_any_leaves_the_current_cluster_when_it_is_no_longer_eligible() -> None:
-    clusters = [make_cluster("a").draining(), make_cluster("b")]
-    outcome = assign(make_input(make_pod(), clusters, previous=placed(("a", 1))))
+    clusters = [make_cluster("a"), make_cluster("b")]
+    outcome = assign(make_input(make_pod(), clusters, previous=placed(("a", 1)), avoid=["a"]))
     assert outcome.placements == [("b", 1)]
 
 

@@ -14,6 +14,7 @@ from kubernetes_asyncio import config
 from kubernetes_asyncio.dynamic import DynamicClient
 
 from flotilla.common.api import GroupVersionKind
+from flotilla.common.errors import InvalidObject, Unavailable
 from flotilla.kubesim.server import KubeSim
 from flotilla.watcher.watching import TypeClient, TypeWatch
 
@@ -32,7 +33,13 @@ class RecordingSink:
         assert all(i["kind"] == "ConfigMap" and i["apiVersion"] == "v1" for i in items)
 
     async def changed(self, gvk: GroupVersionKind, obj: Any) -> None:
-        self.seen.append(("changed", obj["metadata"]["name"]))
+        name = obj["metadata"]["name"]
+        if name.startswith("poison"):
+            raise InvalidObject(f"{name} can never be handled", reason="ObjectTooLarge")
+        if name.startswith("flaky") and ("failed", name) not in self.seen:
+            self.seen.append(("failed", name))
+            raise Unavailable(f"{name}: the bus is down for a moment")
+        self.seen.append(("changed", name))
 
     async def deleted(self, gvk: GroupVersionKind, obj: Any) -> None:
         self.seen.append(("deleted", obj["metadata"]["name"]))
@@ -132,3 +139,17 @@ async def test_a_hub_outage_is_ridden_out(kubesim_factory: Any) -> None:
         await eventually(lambda: ("changed", "after") in sink.seen)
     # It resumed from its position rather than re-listing.
     assert sink.relists == [[]]
+
+
+async def test_a_permanent_sink_error_skips_the_event_and_a_transient_one_retries_it(
+    kubesim_factory: Any,
+) -> None:
+    """A poison event retried from the same position would be replayed forever and
+    every later change of the type lost; a transient failure must not lose one."""
+    hub = await kubesim_factory("hub", hub=True)
+    positions = MemoryPositions()
+    async with watching(hub, positions) as (sink, core):
+        for name in ("poison", "flaky", "after"):
+            await core.create_namespaced_config_map("default", config_map(name))
+        await eventually(lambda: ("changed", "after") in sink.seen)
+    assert sink.seen == [("failed", "flaky"), ("changed", "flaky"), ("changed", "after")]

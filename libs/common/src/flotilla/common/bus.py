@@ -56,7 +56,7 @@ from flotilla.common.dispatch import (
     stamped,
     user_reason,
 )
-from flotilla.common.errors import InvalidEvent, Unavailable
+from flotilla.common.errors import InvalidEvent, InvalidObject, Unavailable
 from flotilla.common.leases import PartitionLeases
 from flotilla.common.queueing import KeyedQueue, Retry
 from flotilla.common.topology import BucketSpec, ConsumerSpec, StreamSpec, Topology, partition_of
@@ -212,12 +212,20 @@ class Bus:
         return store.Store(store.JetStreamBucket(self.js, kv, spec.name), model)
 
     async def publish(self, event: events.Envelope) -> api.PubAck:
+        """Publish one event; `InvalidObject` (``ObjectTooLarge``, ``ObjectTooDeep``) when
+        it can never be carried, `Unavailable` when NATS does not answer."""
         subject = self.topology.event_subject(event.type, event.key)
         with telemetry.publish_span(subject, {}, message_id=event.id, tracer=self.tracer):
-            subject, headers, body = self._prepare(event)
+            subject, headers, data = self._prepare(event)
             try:
-                return await self.js.publish(subject, body, headers=headers)
+                return await self.js.publish(subject, data, headers=headers)
             except (nats.errors.Error, OSError) as exc:
+                if _too_large(exc):
+                    raise InvalidObject(
+                        f"{event.key}: a {len(data)}-byte {event.type} is larger than the bus "
+                        "carries (NATS max_payload / the stream's max_msg_size)",
+                        reason="ObjectTooLarge",
+                    ) from exc
                 raise Unavailable(f"publish to {subject} failed: {exc}") from exc
 
     async def publish_batch(self, batch: Sequence[events.Envelope]) -> list[api.PubAck]:
@@ -233,6 +241,23 @@ class Bus:
         except (nats.errors.Error, OSError) as exc:
             raise Unavailable(f"batch publish failed: {exc}") from exc
         return list(acks)
+
+    async def dead_letter_event(self, event: events.Envelope, reason: str, error: str) -> None:
+        """Put an event that was never published (it cannot be) on the dead-letter
+        stream with why (idempotent: the event's id)."""
+        headers = {
+            "Nats-Msg-Id": f"dlq-unpublished-{event.id}",
+            DEAD_REASON_HEADER: reason,
+            DEAD_ERROR_HEADER: error[:4000],
+            ORIGINAL_SUBJECT_HEADER: self.topology.event_subject(event.type, event.key),
+            KEY_HEADER: event.key,
+            TYPE_HEADER: event.type,
+        }
+        subject = self.topology.dead_letter_subject(_subject_token(event.type))
+        try:
+            await self.js.publish(subject, events.encode(event), headers=headers)
+        except (nats.errors.Error, OSError) as exc:
+            raise Unavailable(f"dead-lettering {event.key} failed: {exc}") from exc
 
     async def dead_letter(self, msg: Msg, reason: str, error: str) -> None:
         """Copy a message to the dead-letter stream with why it died (idempotent)."""
@@ -372,6 +397,14 @@ async def _exhausted(sub: JetStreamContext.PullSubscription, read: int) -> bool:
         raise Unavailable(f"replay consumer lost: {exc}") from exc
     delivered = info.delivered.stream_seq if info.delivered is not None else 0
     return not info.num_pending and (delivered or 0) <= read
+
+
+def _too_large(exc: BaseException) -> bool:
+    """NATS refused the message for its size: the client (over the server's
+    max_payload) or JetStream (over the stream's max_msg_size, error 10054)."""
+    if isinstance(exc, nats.errors.MaxPayloadError):
+        return True
+    return isinstance(exc, nats.js.errors.APIError) and exc.err_code == 10054
 
 
 def _subject_token(value: str) -> str:

@@ -21,6 +21,9 @@ from flotilla.common.errors import ConfigError
 ENV_PREFIX = "FLOTILLA_"
 
 
+DEFAULT_SYSTEM_NAMESPACE = "flotilla-system"
+
+
 class Settings(BaseSettings):
     """What every Flotilla service needs to know."""
 
@@ -53,6 +56,11 @@ class Settings(BaseSettings):
     )
     kube_watch_timeout: int = Field(
         default=300, ge=1, description="server-side timeoutSeconds of a watch that sets none"
+    )
+    system_namespace: str = Field(
+        default=DEFAULT_SYSTEM_NAMESPACE,
+        min_length=1,
+        description="Flotilla's own hub namespace (member kubeconfigs); never a dependency",
     )
     health_host: str = "0.0.0.0"
     health_port: int = Field(default=8080, ge=0, le=65535)

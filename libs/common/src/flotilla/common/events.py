@@ -35,10 +35,11 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from flotilla.common.api import PlacementPolicySpec, ResourceInterpreterSpec, Strategy
 from flotilla.common.api import PlacementState as WorkState
-from flotilla.common.errors import InvalidEvent
+from flotilla.common.errors import InvalidEvent, InvalidObject
 from flotilla.common.interpreters import Follow
 
 SCHEMA_VERSION = 1
@@ -329,7 +330,23 @@ PAYLOAD_TYPES: dict[str, type[AnyPayload]] = {cls.__name__: cls for cls in EVENT
 
 
 def encode(event: Envelope) -> bytes:
-    return event.model_dump_json(by_alias=True, exclude_none=False).encode()
+    """The event as JSON. pydantic's serializer stops at about 250 levels of nesting
+    and Kubernetes objects may nest deeper (a custom resource's spec is anything), so
+    such an event is serialized by the standard library instead (its limit is the
+    interpreter's recursion limit); one nested deeper still is `InvalidObject`
+    (``ObjectTooDeep``). The common path stays pydantic's."""
+    try:
+        return event.model_dump_json(by_alias=True, exclude_none=False).encode()
+    except PydanticSerializationError as exc:
+        if "depth" not in str(exc):
+            raise
+    try:
+        plain = event.model_dump(mode="python", by_alias=True, exclude_none=False)
+        return json.dumps(plain, default=to_jsonable_python, separators=(",", ":")).encode()
+    except RecursionError as exc:
+        raise InvalidObject(
+            f"{event.key}: nested too deeply to carry as an event", reason="ObjectTooDeep"
+        ) from exc
 
 
 def decode(data: bytes) -> Envelope:
@@ -337,26 +354,46 @@ def decode(data: bytes) -> Envelope:
 
     Fields this code does not know are ignored; a version it does not read is
     refused with a message naming that version and the one read here.
+
+    pydantic's JSON parser refuses nesting deeper than about 200 levels; such a
+    message (a deeply nested object that `encode` let through) is parsed by the
+    standard library and then validated, which only the rare deep event pays for.
     """
     try:
         event = _ENVELOPE.validate_json(data, extra="ignore")
     except ValidationError as exc:
-        # A newer, incompatible producer usually fails validation too: say why.
-        _check_versions(_raw_versions(data))
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
-            for err in exc.errors(include_url=False)
-        )
-        raise InvalidEvent(f"not a valid Flotilla event: {problems}") from exc
+        if not any("recursion limit" in err["msg"] for err in exc.errors(include_url=False)):
+            # A newer, incompatible producer usually fails validation too: say why.
+            _check_versions(_raw_versions(data))
+            raise InvalidEvent(f"not a valid Flotilla event: {_problems(exc)}") from exc
+        event = _decode_deep(data)
     _check_versions((event.schema_version, event.type, event.payload.version))
     return event
+
+
+def _decode_deep(data: bytes) -> Envelope:
+    try:
+        parsed = json.loads(data)
+    except (RecursionError, ValueError) as exc:
+        raise InvalidEvent(f"not a valid Flotilla event: {exc}") from exc
+    try:
+        return _ENVELOPE.validate_python(parsed, extra="ignore")
+    except ValidationError as exc:
+        raise InvalidEvent(f"not a valid Flotilla event: {_problems(exc)}") from exc
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+        for err in exc.errors(include_url=False)
+    )
 
 
 def _raw_versions(data: bytes) -> tuple[object, object, object]:
     """(envelope version, payload type, payload version) as sent, where readable."""
     try:
         wire = json.loads(data)
-    except ValueError:
+    except (RecursionError, ValueError):
         return (None, None, None)
     if not isinstance(wire, dict):
         return (None, None, None)

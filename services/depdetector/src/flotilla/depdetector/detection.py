@@ -40,6 +40,27 @@ well-known cluster-scoped kind. The object's own Namespace is not listed: every
 namespaced object needs it, so ensuring it on a member belongs to whatever applies
 work there, not to each object's dependency list.
 
+Scope (`refusal`, `within_scope`): a dependency is copied to member clusters with
+the object, so an object may only depend on what its author could reference in
+Kubernetes itself; otherwise anyone allowed to write a Deployment in namespace
+``bad`` could have another namespace's Secrets — or the kubeconfigs of the member
+clusters in Flotilla's own namespace — synced next to it. The rule:
+
+* a namespaced object's namespaced dependencies are in its own namespace;
+* a cluster-scoped dependency is allowed only for the kinds in
+  `CLUSTER_SCOPED_ALLOWED`, which hold nothing secret and which workloads
+  reference by name — ``Namespace`` (a namespaced object: only its own),
+  ``PriorityClass``, ``StorageClass``, ``IngressClass``, ``RuntimeClass``, and
+  ``ClusterRole`` for a ``RoleBinding`` or ``ClusterRoleBinding`` (its
+  ``roleRef``);
+* a cluster-scoped object may depend on namespaced objects in any namespace
+  (a ``ClusterIssuer`` naming a Secret): only cluster administrators write those;
+* nothing in Flotilla's own namespace (the ``system_namespace`` setting) is ever a
+  dependency, not even of a cluster-scoped object, nor that Namespace itself.
+
+A refused reference is left out of the analysis (so nothing syncs it) and named
+in a Warning Event; the user's own entries stay in the annotation as written.
+
 The annotation value must be byte-identical when nothing changed, or every
 detector run would write the object and wake every watcher: user entries keep
 their order, detected entries are sorted, duplicates are dropped.
@@ -78,6 +99,13 @@ CLUSTER_SCOPED_KINDS = frozenset(
     }
 )
 """Kinds whose references never get a namespace (core and well-known cluster types)."""
+
+CLUSTER_SCOPED_ALLOWED = frozenset(
+    {"ClusterRole", "IngressClass", "Namespace", "PriorityClass", "RuntimeClass", "StorageClass"}
+)
+"""Cluster-scoped kinds an object may depend on (see Scope in the module docstring)."""
+
+_ROLE_BINDINGS = frozenset({"RoleBinding", "ClusterRoleBinding"})
 
 _V1 = "v1"
 _SECRET = "Secret"  # noqa: S105 - the kind name, not a credential
@@ -273,3 +301,50 @@ def dependencies(obj: Mapping[str, Any], interpreter: Interpreter) -> list[Depen
 def annotation_value(obj: Mapping[str, Any], interpreter: Interpreter) -> str:
     """The ``flotilla.io/dependencies`` value the detector writes for ``obj``."""
     return dump_dependencies(dependencies(obj, interpreter))
+
+
+def refusal(
+    entry: DependencyEntry,
+    *,
+    kind: str,
+    namespace: str | None,
+    system_namespace: str,
+) -> str | None:
+    """Why an object of `kind` in `namespace` (None: cluster-scoped) may not depend on
+    `entry`, or None when it may (see Scope in the module docstring)."""
+    if entry.kind in CLUSTER_SCOPED_KINDS:
+        if entry.kind not in CLUSTER_SCOPED_ALLOWED:
+            return f"cluster-scoped {entry.kind} is not a kind objects may depend on"
+        if entry.kind == "ClusterRole" and kind not in _ROLE_BINDINGS:
+            return "only a RoleBinding or ClusterRoleBinding may depend on a ClusterRole"
+        if entry.kind == "Namespace":
+            if entry.name == system_namespace:
+                return f"namespace {system_namespace} is Flotilla's own"
+            if namespace is not None and entry.name != namespace:
+                return f"a namespaced object may only depend on its own namespace ({namespace})"
+        return None
+    target = entry.namespace or namespace
+    if target == system_namespace:
+        return f"objects in namespace {system_namespace} (Flotilla's own) are never dependencies"
+    if namespace is not None and target != namespace:
+        return f"a dependency of an object in namespace {namespace} must be in that namespace"
+    return None
+
+
+def within_scope(
+    entries: Iterable[DependencyEntry],
+    *,
+    kind: str,
+    namespace: str | None,
+    system_namespace: str,
+) -> tuple[list[DependencyEntry], list[tuple[DependencyEntry, str]]]:
+    """`entries` split into those the object may depend on and those refused (with why)."""
+    allowed: list[DependencyEntry] = []
+    refused: list[tuple[DependencyEntry, str]] = []
+    for entry in entries:
+        why = refusal(entry, kind=kind, namespace=namespace, system_namespace=system_namespace)
+        if why is None:
+            allowed.append(entry)
+        else:
+            refused.append((entry, why))
+    return allowed, refused

@@ -37,6 +37,13 @@ Decisions where the brief is silent:
   type's interpreter (the watcher attaches it, and re-publishes the objects of a
   type whose interpreter changed) is analysed with exactly that one, so an
   interpreter change re-analyses what it governs without racing the registry.
+* **Dependency scope** (`detection.refusal`): a reference outside what the object
+  may depend on (another namespace, Flotilla's own namespace, a cluster-scoped
+  kind not on the allow-list) is left out of the analysis and named in one
+  ``DependencyRefused`` Warning Event; refused *detected* entries are not written
+  to the annotation either, the user's own entries stay as written.
+* **Reporting is best effort**: a Warning Event that cannot be recorded, or a
+  dependency whose existence cannot be checked, is logged; the analysis goes on.
 * **Stale events**: an observation with a lower revision than one already
   analysed for the same object (same uid) on this replica is acknowledged and
   dropped by the kit's stale-event middleware.
@@ -69,7 +76,7 @@ from flotilla.common.api import (
     dump_dependencies,
     parse_as,
 )
-from flotilla.common.config import Settings
+from flotilla.common.config import DEFAULT_SYSTEM_NAMESPACE, Settings
 from flotilla.common.dispatch import EventBus, Received
 from flotilla.common.errors import FlotillaError, InvalidObject, Unavailable
 from flotilla.common.events import Envelope, ObjectRef
@@ -149,8 +156,16 @@ def analysis(
 class Detector:
     """The handlers, with the registry and the hub connection they share."""
 
-    def __init__(self, bus: EventBus, api: ApiClient, dyn: DynamicClient) -> None:
+    def __init__(
+        self,
+        bus: EventBus,
+        api: ApiClient,
+        dyn: DynamicClient,
+        *,
+        system_namespace: str = DEFAULT_SYSTEM_NAMESPACE,
+    ) -> None:
         self.bus = bus
+        self.system_namespace = system_namespace
         self.api = api
         self.dyn = dyn
         self.registry = Registry.with_builtins()
@@ -253,9 +268,13 @@ class Detector:
                 reason="InvalidDependencies",
             ) from exc
         merged = self._merge(obj, user_entries, interpreter)
-        await self._write_annotation(observed.ref, obj, dump_dependencies(merged), interpreter)
-        await self._report_missing(obj, merged)
-        await self._publish(envelope, analysis(observed, interpreter, interpretation, merged))
+        allowed, refused = self._scoped(obj, merged)
+        await self._write_annotation(
+            observed.ref, obj, dump_dependencies(_written(merged, refused)), interpreter
+        )
+        await self._report_refused(obj, refused)
+        await self._report_missing(obj, allowed)
+        await self._publish(envelope, analysis(observed, interpreter, interpretation, allowed))
 
     async def _interpreter(self, observed: events.ResourceObserved) -> Interpreter:
         """The interpreter the event carries, else the registry's for the type."""
@@ -333,7 +352,8 @@ class Detector:
             except ValueError:
                 return  # the user is editing it; that edit is its own observation
             current = fresh
-            value = dump_dependencies(self._merge(fresh, user_entries, interpreter))
+            merged = self._merge(fresh, user_entries, interpreter)
+            value = dump_dependencies(_written(merged, self._scoped(fresh, merged)[1]))
         raise Unavailable(f"{ref.key}: the object kept changing under the annotation write")
 
     async def _get(self, resource: Any, name: str, namespace: str | None) -> JsonObject | None:
@@ -350,16 +370,44 @@ class Detector:
         except Exception as exc:
             raise kube.translate(exc) from exc
 
+    def _scoped(
+        self, obj: Mapping[str, Any], entries: list[DependencyEntry]
+    ) -> tuple[list[DependencyEntry], list[tuple[DependencyEntry, str]]]:
+        namespace = _metadata(obj).get("namespace")
+        return detection.within_scope(
+            entries,
+            kind=str(obj.get("kind")),
+            namespace=namespace if isinstance(namespace, str) and namespace else None,
+            system_namespace=self.system_namespace,
+        )
+
+    async def _report_refused(
+        self, obj: Mapping[str, Any], refused: list[tuple[DependencyEntry, str]]
+    ) -> None:
+        if refused:
+            reasons = "; ".join(f"{_describe(entry)}: {why}" for entry, why in refused)
+            await self.recorder.warning(
+                dict(obj),
+                "DependencyRefused",
+                f"these references are not synced with the object: {reasons}",
+            )
+
     async def _report_missing(self, obj: Mapping[str, Any], entries: list[DependencyEntry]) -> None:
+        """A Warning Event naming the dependencies the hub does not have (best effort:
+        a hub that cannot say is logged, and the analysis goes on)."""
         missing = []
-        for entry in entries:
-            try:
-                resource = await kube.resource_for(self.dyn, entry.api_version, entry.kind)
-            except InvalidObject:
-                missing.append(f"{_describe(entry)} (the hub does not serve this type)")
-                continue
-            if await self._get(resource, entry.name, entry.namespace) is None:
-                missing.append(_describe(entry))
+        try:
+            for entry in entries:
+                try:
+                    resource = await kube.resource_for(self.dyn, entry.api_version, entry.kind)
+                except InvalidObject:
+                    missing.append(f"{_describe(entry)} (the hub does not serve this type)")
+                    continue
+                if await self._get(resource, entry.name, entry.namespace) is None:
+                    missing.append(_describe(entry))
+        except FlotillaError as exc:
+            log.warning("could not check the dependencies of %s: %s", _describe_object(obj), exc)
+            return
         if missing:
             await self.recorder.warning(
                 dict(obj),
@@ -375,6 +423,21 @@ def _compiled(interpreter_json: str) -> Interpreter:
     body = json.loads(interpreter_json)
     spec = ResourceInterpreterSpec.model_validate(body["spec"])
     return Interpreter.compile(spec, f"ResourceInterpreter/{body['metadata']['name']}")
+
+
+def _written(
+    merged: list[DependencyEntry], refused: list[tuple[DependencyEntry, str]]
+) -> list[DependencyEntry]:
+    """What goes into the annotation: refused detected entries are left out (the user's
+    own stay as written; the Warning Event says why they are not synced)."""
+    dropped = {entry.key for entry, _ in refused if entry.detected}
+    return [entry for entry in merged if not (entry.detected and entry.key in dropped)]
+
+
+def _describe_object(obj: Mapping[str, Any]) -> str:
+    metadata = _metadata(obj)
+    where = f"{metadata.get('namespace')}/" if metadata.get("namespace") else ""
+    return f"{obj.get('kind')} {where}{metadata.get('name')}"
 
 
 def _describe(entry: DependencyEntry) -> str:
@@ -398,7 +461,7 @@ async def setup(rt: Runtime) -> Detector:
     api = await kube.hub_client(settings)
     rt.on_close(api.close)  # after the consumer has drained its in-flight handlers
     dyn = await DynamicClient(api)
-    detector = Detector(rt.bus, api, dyn)
+    detector = Detector(rt.bus, api, dyn, system_namespace=rt.settings.system_namespace)
     await detector.load_interpreters()
     rt.serve(detector.router(), reporter=detector.recorder)
     rt.spawn("interpreters", lambda: detector.refresh_interpreters(settings.interpreter_refresh))

@@ -59,12 +59,11 @@ def context(inp: SchedulingInput, strategy: Strategy) -> Context:
     policy = inp.policy
     components = tuple(analyzed.components)
     replicas = analyzed.replicas
+    # An object without requests still needs a pod slot per replica (``pods`` is
+    # part of every shape, as in the reservations), so every object is judged on
+    # capacity: a Deployment asking for nothing is bounded by the clusters' pods.
     if components:
         required = 1
-    elif not analyzed.requests:
-        # Nothing to measure: an object without requests (a ConfigMap, or a Pod
-        # that asks for nothing) is not judged on capacity.
-        required = 0
     elif strategy is Strategy.SPLIT:
         required = 1 if (replicas is None or replicas > 0) else 0
     else:
@@ -232,7 +231,8 @@ def _finish(
             str(schedulable),
             str(pending),
             str(deleted),
-            *(f"{p.cluster}={p.replicas}:{p.state}" for p in clusters),
+            # Sorted: the same placement listed in another score order is the same.
+            *sorted(f"{p.cluster}={p.replicas}:{p.state}" for p in clusters),
             # Insertion order is deterministic: filters walk the fleet in name order.
             *rejections,
             *[verdict.line for verdict in rejections.values()],

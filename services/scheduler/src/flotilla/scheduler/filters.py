@@ -25,7 +25,6 @@ filter (run order)  rejects new placements          rejects existing placements
 ==================  ==============================  ================================
 cluster-names       not in ``clusterNames``         yes (the policy changed)
 cluster-selector    labels do not match             yes (the policy changed)
-draining            ``evictAfter`` set at all       once ``evictAfter`` ≤ now
 cordon              ``spec.unschedulable``          no
 ready               Ready is not True or missing    no — moving work off a NotReady
                                                     cluster after the policy's
@@ -47,6 +46,11 @@ dependencies        a pinned dependency is          yes (the object must follow 
 reschedule          listed in ``avoid_clusters``    yes (that is the request's point)
 ==================  ==============================  ================================
 
+A cluster's ``spec.evictAfter`` is not a filter: *when* a cluster is drained is
+the drain coordinator's decision. It cordons the cluster (no new placements) and
+sends ``RescheduleRequested`` with the cluster in ``avoid_clusters`` (the
+``reschedule`` filter) for what runs there; the moves stay make-before-break.
+
 ``tolerationSeconds`` follows core/v1: among matching tolerations the smallest
 ``tolerationSeconds`` wins and a toleration without it tolerates forever; a taint
 without ``timeAdded`` has not started its clock (the watcher should stamp it).
@@ -61,6 +65,7 @@ from flotilla.common import quantity
 from flotilla.common.api import Taint as ClusterTaint
 from flotilla.common.api import TaintEffect, Toleration, TolerationOperator
 from flotilla.scheduler.model import (
+    PODS,
     ClusterView,
     Code,
     Context,
@@ -131,23 +136,6 @@ def cluster_selector(ctx: Context, candidates: Sequence[ClusterView]) -> Rejecti
         Code.UNRESOLVABLE, "cluster-selector", "labels do not match the policy's clusterSelector"
     )
     return {c.name: verdict for c in candidates if c.name not in selected}
-
-
-@register("draining", key=_constant)
-def draining(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
-    rejected: Rejections = {}
-    for c in candidates:
-        if c.evict_after is None:
-            continue
-        when = c.evict_after.isoformat()
-        if c.name not in ctx.held:
-            reason = f"draining (spec.evictAfter {when}); no new placements"
-        elif c.evict_after <= ctx.now:
-            reason = f"draining since {when} (spec.evictAfter); every placement moves away"
-        else:
-            continue
-        rejected[c.name] = Verdict(Code.UNSCHEDULABLE, "draining", reason)
-    return rejected
 
 
 @register("cordon", key=_constant)
@@ -263,7 +251,7 @@ def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
         )
     else:
         unit = "replica" if required == 1 else "replicas"
-        shape = describe_requests(dict(ctx.per_replica))
+        shape = describe_requests({PODS: 1, **ctx.per_replica})
     held = ctx.held
     fits = ctx.fits
     rejected: Rejections = {}

@@ -214,7 +214,6 @@ class ClusterView:
     labels: Mapping[str, str]
     taints: tuple[api.Taint, ...]
     unschedulable: bool
-    evict_after: datetime | None
     ready: bool
     not_ready_reason: str
     """Why the cluster is not Ready (empty when it is)."""
@@ -241,7 +240,6 @@ class ClusterView:
             labels=dict(cluster.metadata.labels),
             taints=tuple(cluster.spec.taints),
             unschedulable=cluster.spec.unschedulable,
-            evict_after=aware(cluster.spec.evict_after) if cluster.spec.evict_after else None,
             ready=not not_ready,
             not_ready_reason=not_ready,
             api_resources=frozenset(r.gvk for r in cluster.status.api_resources),
@@ -408,7 +406,7 @@ class SchedulingInput:
     """The effective (highest-priority matching) policy; ``None`` means every default."""
     fleet: Fleet
     now: datetime
-    """The decision's clock: drains (``evictAfter``) and NoExecute windows compare to it."""
+    """The decision's clock: NoExecute toleration windows compare to it."""
     previous: tuple[ClusterPlacement, ...] = ()
     """The durable placement record as it stood before this decision."""
     dependency_placements: Mapping[str, Sequence[str]] = field(default_factory=dict)

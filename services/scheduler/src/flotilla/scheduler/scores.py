@@ -76,7 +76,9 @@ def _free_share(view: ClusterView) -> float:
 
 @score("capacity", weight=1)
 def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Sequence[float] | None:
-    if ctx.required == 0:
+    if ctx.required == 0 or not (ctx.per_replica or ctx.components):
+        # Pod slots alone rank every roomy cluster alike; a pod that asks for
+        # nothing still runs best where CPU and memory are free.
         return [MAX * min(_free_share(c), 1.0) for c in candidates]
     fits = ctx.fits
     held = ctx.held

@@ -14,8 +14,17 @@ Handlers (one `Router`, partitioned, so one key's events arrive in order):
   cluster revision, so a redelivered cluster event sends nothing new. A Cluster
   Flotilla cannot read gets an ``InvalidCluster`` Warning Event and is
   dead-lettered. (Policies arrive validated: the watcher refuses invalid ones.)
-* ``CapacityChanged`` — when a cluster has more room than this replica last saw,
-  send ``RescheduleRequested`` to the Pending objects.
+* ``CapacityChanged`` — read the cluster's capacity record as it is now and send
+  ``RescheduleRequested`` to the Pending objects it could help
+  (`flotilla.scheduler.state.helped_by`: one replica of theirs fits there, and no
+  filter other than capacity turned the cluster down). Growth is not required: a
+  record rebuilt after Redis lost its data has the same figures but no
+  reservations, and Pending objects decided meanwhile saw no record at all. An
+  object is asked once per record (same ``observed_at`` and headroom), so
+  repeated reports do not loop. The cluster is marked stale in this replica's
+  shared snapshot, and a ``RescheduleRequested`` is always decided on a snapshot
+  read after it was sent (`Scheduler._fleet`), so the retry sees the change that
+  triggered it, on whichever replica decides it.
 
 One decision (`Scheduler.decide`):
 
@@ -46,6 +55,15 @@ Reservations hold every replica placed on a cluster until they expire
 (``reservation_ttl``); until then the member's own capacity report may count the
 same pods too. That errs on the side of not overcommitting; the syncer may release
 a reservation early once it has reported the pods.
+
+A replica that dies between reserving (step 3) and recording (step 4) leaves
+reservations no record backs, and the redelivered event may well decide
+differently. Every replica therefore reconciles (`Scheduler.reconcile_reservations`,
+at start and every ``reservation_grace`` seconds): a reservation older than
+``reservation_grace`` on a cluster its object's record does not hold is released.
+The grace leaves alone the claims of decisions still in flight, which write
+their record within seconds. Work in flight on a dead replica comes back within
+the consumers' ack wait (`flotilla.common.topology.ConsumerSpec`, 10 s).
 """
 
 from __future__ import annotations
@@ -54,7 +72,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -119,6 +137,12 @@ class SchedulerSettings(Settings):
         ge=0,
         description="seconds between whole capacity snapshot reads (patched between; 0: always)",
     )
+    reservation_grace: float = Field(
+        default=30.0,
+        gt=0,
+        description="seconds before a reservation no placement record backs is released "
+        "(and between those checks)",
+    )
     capacity_prefix: str = Field(
         default=DEFAULT_PREFIX,
         min_length=1,
@@ -135,6 +159,9 @@ class Cause:
     generation: int
     revision: int
     avoid: frozenset[str] = frozenset()
+    fresh_after: float = 0.0
+    """Epoch seconds; the capacity snapshot must have been read after this (a
+    ``RescheduleRequested`` must see the change that sent it)."""
 
 
 JsonObject = dict[str, Any]
@@ -158,8 +185,10 @@ class Scheduler:
         sync_timeout: float = 5.0,
         snapshot_max_age: float = 0.5,
         reporter: Reporter | None = None,
+        reservation_grace: float = 30.0,
     ) -> None:
         self.bus = bus
+        self.reservation_grace = reservation_grace
         self.reporter = reporter
         self.cache = cache
         self.placements = placements
@@ -167,7 +196,8 @@ class Scheduler:
         self.reservation_ttl = reservation_ttl
         self.sync_timeout = sync_timeout
         self.snapshot_max_age = snapshot_max_age
-        self._shared: tuple[Fleet, capacity.Snapshot, int, float] | None = None
+        self._shared: tuple[Fleet, capacity.Snapshot, int, float, float] | None = None
+        """Fleet, snapshot, cluster view, and when it was read whole (monotonic, epoch)."""
         # Fan-out (claims on many clusters, many keys at once) must stay below the
         # capacity cache's connection pool (redis-py: 100), or calls fail outright.
         self._cache_slots = asyncio.Semaphore(CACHE_CONCURRENCY)
@@ -178,7 +208,9 @@ class Scheduler:
         self.clusters = state.Clusters()
         self.placements_view = Follower(placements, on_change=self.index.apply)
         self.clusters_view = Follower(clusters, on_change=self.clusters.apply)
-        self._capacity_seen: dict[str, Mapping[str, int]] = {}
+        self._capacity_seen: dict[str, tuple[object, frozenset[str]]] = {}
+        """Cluster → its capacity record (observed_at, headroom) as last reported, and
+        the Pending objects already asked to retry against it."""
         self.decisions = 0
         """Decisions made (for the benchmark and tests); published or not."""
 
@@ -192,6 +224,7 @@ class Scheduler:
         sync_timeout: float = 5.0,
         snapshot_max_age: float = 0.5,
         reporter: Reporter | None = None,
+        reservation_grace: float = 30.0,
     ) -> Scheduler:
         return cls(
             bus=bus,
@@ -202,6 +235,7 @@ class Scheduler:
             sync_timeout=sync_timeout,
             snapshot_max_age=snapshot_max_age,
             reporter=reporter,
+            reservation_grace=reservation_grace,
         )
 
     def router(self) -> Router:
@@ -278,7 +312,9 @@ class Scheduler:
         await self.clusters_store.purge_tombstones(retention)
         return forgotten
 
-    async def _fleet(self, view: int, *, refreshed: Collection[str] = ()) -> Fleet:
+    async def _fleet(
+        self, view: int, *, refreshed: Collection[str] = (), fresh_after: float = 0.0
+    ) -> Fleet:
         """The clusters and a capacity snapshot, kept up to date cheaply.
 
         Reading every cluster's record and reservations (and building the fleet, and
@@ -288,12 +324,19 @@ class Scheduler:
         only the clusters this replica claimed or released on since (`_dirty`) and
         those that just refused a claim (`refreshed`) are re-read and patched in.
         What other replicas claimed meanwhile is caught by the claim itself, which
-        is the atomic check: a refusal re-reads that cluster.
+        is the atomic check: a refusal re-reads that cluster. A snapshot read before
+        `fresh_after` (epoch seconds) is read whole again.
         """
         now = time.monotonic()
+        wall = time.time()
         cached = self._shared
-        if cached is not None and cached[2] == view and now - cached[3] <= self.snapshot_max_age:
-            fleet, snapshot, _, read_at = cached
+        if (
+            cached is not None
+            and cached[2] == view
+            and now - cached[3] <= self.snapshot_max_age
+            and cached[4] >= fresh_after
+        ):
+            fleet, snapshot, _, read_at, read_wall = cached
             stale = set(refreshed) | self._dirty
             if not stale:
                 return fleet
@@ -305,13 +348,13 @@ class Scheduler:
                 records.pop(name, None)
             patched = capacity.Snapshot(clusters=records, taken_at=part.taken_at)
             fleet = Fleet(self.clusters.live(), patched)
-            self._shared = (fleet, patched, view, read_at)
+            self._shared = (fleet, patched, view, read_at, read_wall)
             return fleet
         self._dirty.clear()
         async with self._cache_slots:
             snapshot = await self.cache.snapshot()
         fleet = Fleet(self.clusters.live(), snapshot)
-        self._shared = (fleet, snapshot, view, now)
+        self._shared = (fleet, snapshot, view, now, wall)
         return fleet
 
     # --- handlers --------------------------------------------------------------------
@@ -343,6 +386,7 @@ class Scheduler:
             generation=record.generation,
             revision=record.revision,
             avoid=frozenset(command.avoid_clusters),
+            fresh_after=envelope.produced_at.timestamp(),
         )
         await self.decide(key, record.analyzed, cause, reschedule=True)
 
@@ -383,16 +427,28 @@ class Scheduler:
 
     async def on_capacity_changed(self, event: Received[CapacityChanged]) -> None:
         envelope, changed = event.envelope, event.payload
-        before = self._capacity_seen.get(changed.cluster)
-        if state.capacity_grew(before, changed.available):
-            await self.index_ready()
-            await self._request(
-                self.index.waiting(),
-                f"more capacity on {changed.cluster}",
-                dedupe=("capacity", changed.cluster, envelope.id),
-            )
+        name = changed.cluster
+        # Whatever decides next on this replica re-reads the cluster.
+        self._dirty.add(name)
+        async with self._cache_slots:
+            room = (await self.cache.snapshot([name])).get(name)
+        if room is None:
+            return
+        seen = (room.observed_at, tuple(sorted(room.headroom.items())))
+        last, asked = self._capacity_seen.get(name, (None, frozenset()))
+        if last != seen:
+            asked = frozenset()
+        await self.index_ready()
+        helped = set()
+        for key in self.index.waiting() - asked:
+            entry = self.index.get(key)
+            if entry is not None and state.helped_by(entry.record, name, room):
+                helped.add(key)
+        await self._request(
+            helped, f"more capacity on {name}", dedupe=("capacity", name, envelope.id)
+        )
         # Only once the requests are out, so a failed attempt is retried in full.
-        self._capacity_seen[changed.cluster] = dict(changed.available)
+        self._capacity_seen[name] = (seen, asked | helped)
 
     async def readiness(self) -> bool | str:
         """For ``/readyz``: ready once both buckets have been read."""
@@ -460,7 +516,7 @@ class Scheduler:
             # so a replica's own decisions never race each other for the same room.
             # Records, publishing and acks stay concurrent.
             async with self._deciding:
-                fleet = await self._fleet(view, refreshed=refusing)
+                fleet = await self._fleet(view, refreshed=refusing, fresh_after=cause.fresh_after)
                 refusing = set()
                 decision = core.schedule(
                     SchedulingInput(
@@ -647,6 +703,46 @@ class Scheduler:
             *(self._release(key, analyzed, p.cluster) for p in previous if p.cluster not in kept)
         )
 
+    async def reconcile_reservations(self) -> int:
+        """Release reservations that no placement record backs (see the module
+        docstring) and are older than `reservation_grace`; how many were released."""
+        await self.index_ready()
+        names = sorted(c.metadata.name for c in self.clusters.live())
+        if not names:
+            return 0
+        async with self._cache_slots:
+            now = (await self.cache.snapshot(names)).taken_at  # the cache's own clock
+        released = 0
+        for cluster in names:
+            async with self._cache_slots:
+                held = await self.cache.reservations(cluster)
+            for reservation in held:
+                if now - (reservation.expires_at - self.reservation_ttl) < self.reservation_grace:
+                    continue  # a decision in flight may not have written its record yet
+                entry = self.index.get(reservation.id.split("#", 1)[0])
+                if entry is not None and not entry.record.deleted and cluster in entry.clusters:
+                    continue
+                log.warning(
+                    "releasing reservation %s on %s: no placement record holds it there",
+                    reservation.id,
+                    cluster,
+                )
+                async with self._cache_slots:
+                    await self.cache.release(cluster, reservation.id)
+                self._dirty.add(cluster)
+                released += 1
+        return released
+
+    async def reconcile_forever(self) -> None:
+        """`reconcile_reservations` now and every `reservation_grace` seconds (run
+        under `Runtime.spawn`); a failed round is logged and tried again."""
+        while True:
+            try:
+                await self.reconcile_reservations()
+            except FlotillaError as error:
+                log.warning("reservation reconciliation failed: %s", error)
+            await asyncio.sleep(self.reservation_grace)
+
     async def _claim(self, cluster: str, rid: str, shape: dict[str, int], count: int) -> bool:
         async with self._cache_slots:
             return await self.cache.reserve(cluster, rid, shape, count, self.reservation_ttl)
@@ -689,9 +785,19 @@ def _unplaced(analyzed: ResourceAnalyzed, placed: Sequence[ClusterPlacement]) ->
     return max(wanted - sum(_active(placed).values()), 1)
 
 
+def placement_identity(clusters: Iterable[ClusterPlacement]) -> frozenset[ClusterPlacement]:
+    """What a placement *is*: which clusters hold how many replicas in which state.
+
+    Strategies list clusters in score order, and scores move with capacity and
+    load; two decisions that put the same replicas on the same clusters are the
+    same placement, whatever order they list them in.
+    """
+    return frozenset(clusters)
+
+
 def _placement_changed(current: PlacementRecord, decision: Decision) -> bool:
     return (
-        tuple(current.decided.clusters) != tuple(decision.clusters)
+        placement_identity(current.decided.clusters) != placement_identity(decision.clusters)
         or current.deleted != decision.deleted
         or current.schedulable != decision.schedulable
         or current.pending != decision.pending
@@ -719,11 +825,13 @@ async def setup(rt: Runtime) -> Scheduler:
         sync_timeout=settings.sync_timeout,
         snapshot_max_age=settings.snapshot_max_age,
         reporter=reporter,
+        reservation_grace=settings.reservation_grace,
     )
 
     rt.spawn("follow-placements", scheduler.follow_placements)
     rt.spawn("follow-clusters", scheduler.follow_clusters)
     rt.spawn("forget-deleted", lambda: scheduler.forget_deleted(settings.tombstone_retention))
+    rt.spawn("reconcile-reservations", scheduler.reconcile_forever)
     rt.health.add_readiness_check("placements", scheduler.readiness)
     rt.serve(scheduler.router(), reporter=reporter)
     return scheduler

@@ -17,14 +17,15 @@ change to a cluster                            re-evaluated
 =============================================  ========================================
 cordoned (``unschedulable`` set)               nothing: cordon stops only new placements
 new cluster, uncordoned, Ready again, taint    Pending objects, and ``copy`` objects
-removed, drain cancelled, APIs added           (they go to every eligible cluster)
-drain (``evictAfter`` set or moved), NotReady,  objects placed there (Active or Retiring)
-taint added, APIs removed, cluster deleted
+removed, APIs added                            (they go to every eligible cluster)
+NotReady, taint added, APIs removed, cluster   objects placed there (Active or Retiring)
+deleted
 labels added, removed or changed               objects whose policy mentions that label
                                                key (selector, spread, weights)
 status only (heartbeat, placements count,      nothing
-capacity figures)
-more capacity (``CapacityChanged``)            Pending objects
+capacity figures), ``evictAfter``               (draining is the drain coordinator's
+                                               call: it asks with ``avoid_clusters``)
+capacity record written (``CapacityChanged``)  Pending objects it could help
 a placement changed                            objects that depend on that object
 =============================================  ========================================
 
@@ -46,7 +47,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from flotilla.common import api
+from flotilla.common import api, capacity
 from flotilla.common.api import PlacementState, Strategy
 from flotilla.common.events import ObjectRef, ResourceAnalyzed
 from flotilla.scheduler.records import ClusterRecord, PlacementRecord
@@ -289,7 +290,6 @@ class Facts:
     labels: Mapping[str, str]
     taints: frozenset[tuple[str, str, str]]
     unschedulable: bool
-    evict_after: str | None
     ready: bool
     api_resources: frozenset[api.GroupVersionKind]
 
@@ -300,7 +300,6 @@ class Facts:
             labels=dict(cluster.metadata.labels),
             taints=frozenset((t.key, t.value, t.effect.value) for t in cluster.spec.taints),
             unschedulable=cluster.spec.unschedulable,
-            evict_after=cluster.spec.evict_after.isoformat() if cluster.spec.evict_after else None,
             ready=ready is not None and ready.status is api.ConditionStatus.TRUE,
             api_resources=frozenset(r.gvk for r in cluster.status.api_resources),
         )
@@ -339,8 +338,7 @@ def impact(old: api.Cluster | None, new: api.Cluster | None) -> Impact:
         if before.labels.get(key) != after.labels.get(key)
     )
     placed = (
-        (after.evict_after is not None and after.evict_after != before.evict_after)
-        or (before.ready and not after.ready)
+        (before.ready and not after.ready)
         or bool(after.taints - before.taints)
         or bool(after.api_resources and before.api_resources - after.api_resources)
     )
@@ -348,7 +346,6 @@ def impact(old: api.Cluster | None, new: api.Cluster | None) -> Impact:
         (before.unschedulable and not after.unschedulable)
         or (after.ready and not before.ready)
         or bool(before.taints - after.taints)
-        or (before.evict_after is not None and after.evict_after is None)
         or bool(after.api_resources - before.api_resources)
         or bool(before.api_resources and not after.api_resources)
     )
@@ -374,8 +371,17 @@ def relevant(old: api.Cluster | None, new: api.Cluster | None) -> bool:
     return not Facts.of(old).same_as(Facts.of(new))
 
 
-def capacity_grew(before: Mapping[str, int] | None, after: Mapping[str, int]) -> bool:
-    """Whether any resource has more available than before (first news counts as more)."""
-    if before is None:
-        return True
-    return any(amount > before.get(resource, 0) for resource, amount in after.items())
+def helped_by(record: PlacementRecord, cluster: str, room: capacity.ClusterCapacity) -> bool:
+    """Whether `room` (the cluster's capacity record as it is now) could help a Pending
+    object: one replica (or each component) of it fits there, and the object's last
+    decision turned the cluster down for capacity or not at all — a cluster refused
+    for a taint or a selector stays refused however much room it has."""
+    reasons = record.decided.rejections.get(cluster, [])
+    if any(not reason.startswith("capacity:") for reason in reasons):
+        return False
+    analyzed = record.analyzed
+    if analyzed.components:
+        return all(
+            room.fit_replicas(dict(c.requests)) >= 1 for c in analyzed.components if c.replicas
+        )
+    return room.fit_replicas(dict(analyzed.requests)) >= 1

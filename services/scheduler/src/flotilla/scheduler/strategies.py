@@ -25,9 +25,15 @@ continued from the replicas each chosen cluster already runs:
   so the object still exists in the fleet;
 * ties go to the better-ranked cluster (see `flotilla.scheduler.scores`).
 
-The loop is a heap, O(replicas · log clusters); objects with tens of thousands of
-replicas are rare enough that no bulk divisor search is worth its complexity. It is
-hand-written because the PyPI apportionment packages (``apportionment``,
+Handing replicas out one at a time from a heap is exact but O(replicas · log
+clusters), and a replica count is user input (10,000,000 is one typo away), so
+`apportion` first jumps: it bisects for the quotient threshold above which at
+most the wanted number of seats lie, gives every cluster its seats above it at
+once (O(clusters) per step, ~100 steps), and leaves only the few seats at the
+threshold (at most one per cluster) to the heap. Both halves compare the same
+floating-point quotients, so the result is the one-at-a-time result exactly, and
+when the caps leave less room than is wanted every open cluster is simply filled.
+It is hand-written because the PyPI apportionment packages (``apportionment``,
 ``apportionpy``; last released 2021-2022) apportion from scratch only: none caps a
 party's seats or continues from a current allocation, which is what monotonic
 scaling needs.
@@ -42,6 +48,7 @@ its strategy says except ``copy`` (where every chosen cluster needs a whole set)
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -173,6 +180,13 @@ def _left_out(clusters: Sequence[ClusterView], limit: int, one: bool) -> Rejecti
 # --- split ------------------------------------------------------------------------
 
 
+BULK_AFTER = 64
+"""Seats beyond the clusters' count that the heap hands out one by one; more go in bulk."""
+
+_BISECTIONS = 160
+"""Enough halvings for the bisection's ends to become adjacent floats."""
+
+
 def apportion(
     total: int, weights: Sequence[int], caps: Sequence[int], start: Sequence[int]
 ) -> list[int]:
@@ -181,10 +195,13 @@ def apportion(
     Entries are in rank order; equal quotients go to the earlier entry. ``start``
     must not exceed ``caps``. The result sums to ``total`` unless the caps (or zero
     weights) leave no room, in which case every cluster with room is full.
+    O(clusters) however large ``total`` is.
     """
     counts = list(start)
     placed = sum(counts)
     if placed < total:
+        counts = _grow_in_bulk(total - placed, weights, caps, counts)
+        placed = sum(counts)
         grow = [
             (-weights[i] / (counts[i] + 0.5), i)
             for i in range(len(counts))
@@ -198,6 +215,8 @@ def apportion(
             if counts[i] < caps[i]:
                 heapq.heappush(grow, (-weights[i] / (counts[i] + 0.5), i))
     elif placed > total:
+        counts = _shrink_in_bulk(placed - total, weights, counts)
+        placed = sum(counts)
         # Later-ranked entries lose first on equal quotients, hence -i.
         shrink = [(weights[i] / (counts[i] - 0.5), -i) for i in range(len(counts)) if counts[i] > 0]
         heapq.heapify(shrink)
@@ -209,6 +228,84 @@ def apportion(
             if counts[i] > 0:
                 heapq.heappush(shrink, (weights[i] / (counts[i] - 0.5), -i))
     return counts
+
+
+def _grow_in_bulk(
+    seats: int, weights: Sequence[int], caps: Sequence[int], counts: list[int]
+) -> list[int]:
+    """`counts` plus every seat whose quotient lies above a threshold that leaves at
+    most `seats` of them: the first seats the heap would hand out, in one step."""
+    open_ = {i for i in range(len(counts)) if counts[i] < caps[i] and weights[i] > 0}
+    if sum(caps[i] - counts[i] for i in open_) <= seats:
+        return [caps[i] if i in open_ else n for i, n in enumerate(counts)]
+    if seats <= BULK_AFTER + len(open_):
+        return counts
+
+    def above(threshold: float) -> list[int]:
+        return [
+            _seats_above(weights[i], counts[i], caps[i], threshold) if i in open_ else 0
+            for i in range(len(counts))
+        ]
+
+    _, high = _boundary(lambda threshold: sum(above(threshold)) <= seats, 2.0 * max(weights) + 1.0)
+    return [n + extra for n, extra in zip(counts, above(high), strict=True)]
+
+
+def _boundary(crossed: Callable[[float], bool], high: float) -> tuple[float, float]:
+    """Bisect ``(0, high]`` down to two adjacent floats ``low < high`` with
+    ``crossed(high)`` and not ``crossed(low)``; `crossed` is monotonic."""
+    low = 0.0
+    for _ in range(_BISECTIONS):
+        middle = (low + high) / 2
+        if not low < middle < high:
+            break
+        if crossed(middle):
+            high = middle
+        else:
+            low = middle
+    return low, high
+
+
+def _seats_above(weight: int, count: int, cap: int, threshold: float) -> int:
+    """How many seats from `count` up to `cap` have ``weight / (c + 0.5) > threshold``."""
+    bound = weight / threshold - 0.5
+    upper = cap if bound >= cap else min(cap, max(count, math.ceil(bound)))
+    # The division above may round the other way than the heap's: settle on its test.
+    while upper > count and not weight / ((upper - 1) + 0.5) > threshold:
+        upper -= 1
+    while upper < cap and weight / (upper + 0.5) > threshold:
+        upper += 1
+    return upper - count
+
+
+def _shrink_in_bulk(removals: int, weights: Sequence[int], counts: list[int]) -> list[int]:
+    """`counts` less every seat whose quotient lies below a threshold that leaves at
+    most `removals` of them: the first seats the heap would take back, in one step."""
+    holding = sum(1 for n in counts if n > 0)
+    if removals <= BULK_AFTER + holding:
+        return counts
+
+    def below(threshold: float) -> list[int]:
+        return [_seats_below(w, n, threshold) for w, n in zip(weights, counts, strict=True)]
+
+    low, _ = _boundary(lambda threshold: sum(below(threshold)) > removals, 2.0 * max(weights) + 1.0)
+    return [n - gone for n, gone in zip(counts, below(low), strict=True)]
+
+
+def _seats_below(weight: int, count: int, threshold: float) -> int:
+    """How many of the seats 1..`count` have ``weight / (c - 0.5) < threshold``."""
+    if threshold <= 0 or count == 0:
+        return 0
+    if weight == 0:
+        return count
+    bound = weight / threshold + 0.5
+    lower = 1 if bound < 1 else min(count + 1, math.floor(bound) + 1)
+    # As above: settle on the heap's own comparison.
+    while lower > 1 and weight / ((lower - 1) - 0.5) < threshold:
+        lower -= 1
+    while lower <= count and not weight / (lower - 0.5) < threshold:
+        lower += 1
+    return count - lower + 1
 
 
 def _static_weights(

@@ -21,6 +21,12 @@ Which types are watched:
   the policies and looked up again every `UNSERVED_RETRY` seconds.
 * An invalid policy (valid for the CRD schema, not for Flotilla) gets an
   ``InvalidPolicy`` Warning Event and governs nothing until it is fixed.
+* An object whose event can never be carried (larger than the bus allows, or
+  nested too deeply to serialize; `flotilla.common.topology` sizes the bus for
+  anything an API server stores) gets a Warning Event (``ObjectTooLarge`` /
+  ``ObjectTooDeep``) and a dead-letter entry holding its identity, is not
+  recorded, and the watch moves on: no object can hold up the others. Its next
+  change that fits flows as usual.
 
 Whenever the policies change — at runtime, or while the watcher was down (seen
 as a change of the policy records at start) — every watched user type is
@@ -64,7 +70,7 @@ from flotilla.common.api import (
 )
 from flotilla.common.bus import Bus
 from flotilla.common.config import Settings
-from flotilla.common.errors import ConfigError, FlotillaError, InvalidObject
+from flotilla.common.errors import ConfigError, FlotillaError, InvalidObject, PermanentError
 from flotilla.common.events import ObjectRef
 from flotilla.common.service import Runtime, guarded
 from flotilla.watcher import matching, observations
@@ -254,25 +260,33 @@ class Watcher:
 
     async def changed(self, gvk: GroupVersionKind, obj: JsonObject) -> None:
         async with self._lock:
-            key = ObjectRef.of(obj).key
-            known = self.records.get(key)
-            if observations.is_stale(obj, known):
-                return
-            if gvk in CONFIG_TYPES:
-                change = observations.config_observed(obj, known)
-                if obj.get("kind") in POLICY_KINDS:
-                    # Also when nothing is published: after a restart the records are
-                    # unchanged but the policies must be known again.
-                    await self._policy_changed(key, obj)
-                elif change is not None and obj.get("kind") != INTERPRETER_TYPE.kind:
-                    await self._check_config(obj)  # the depdetector reports interpreters
-                if obj.get("kind") == INTERPRETER_TYPE.kind:
-                    self._interpreter_changed(key, obj)
-            else:
-                change = observations.resource_observed(
-                    obj, self.policies.values(), known, self.interpreter_for(gvk)
-                )
-            await self._apply(change)
+            try:
+                await self._changed(gvk, obj)
+            except RecursionError:
+                # Fingerprinting walks the object; only absurd nesting gets here.
+                error = InvalidObject("nested too deeply to read", reason="ObjectTooDeep")
+                await self._cannot_carry(obj, None, error)
+
+    async def _changed(self, gvk: GroupVersionKind, obj: JsonObject) -> None:
+        key = ObjectRef.of(obj).key
+        known = self.records.get(key)
+        if observations.is_stale(obj, known):
+            return
+        if gvk in CONFIG_TYPES:
+            change = observations.config_observed(obj, known)
+            if obj.get("kind") in POLICY_KINDS:
+                # Also when nothing is published: after a restart the records are
+                # unchanged but the policies must be known again.
+                await self._policy_changed(key, obj)
+            elif change is not None and obj.get("kind") != INTERPRETER_TYPE.kind:
+                await self._check_config(obj)  # the depdetector reports interpreters
+            if obj.get("kind") == INTERPRETER_TYPE.kind:
+                self._interpreter_changed(key, obj)
+        else:
+            change = observations.resource_observed(
+                obj, self.policies.values(), known, self.interpreter_for(gvk)
+            )
+        await self._apply(change)
 
     async def deleted(self, gvk: GroupVersionKind, obj: JsonObject) -> None:
         async with self._lock:
@@ -294,7 +308,12 @@ class Watcher:
     async def _apply(self, change: Change | None) -> None:
         if change is None:
             return
-        await self.bus.publish(change.envelope(self.producer))
+        envelope = change.envelope(self.producer)
+        try:
+            await self.bus.publish(envelope)
+        except PermanentError as exc:
+            await self._cannot_carry(dict(getattr(change.payload, "object", {})), envelope, exc)
+            return
         if change.record is None:
             self.records.pop(change.key, None)
             await self.state.forget(change.key)
@@ -304,6 +323,33 @@ class Watcher:
         payload = change.payload
         if isinstance(payload, events.ConfigChanged) and payload.ref.kind in POLICY_KINDS:
             self._mark_policies_dirty()
+
+    async def _cannot_carry(
+        self, obj: JsonObject, envelope: events.Envelope | None, error: FlotillaError
+    ) -> None:
+        """Report an object whose event can never be published and move on: a Warning
+        Event on it and a dead-letter entry with its identity (not its body, which is
+        what did not fit). It is not recorded, so a later change is judged afresh."""
+        reason = error.reason if isinstance(error, InvalidObject) else type(error).__name__
+        identity = observations.stub(obj)
+        ref = ObjectRef.of(identity)
+        log.error("%s not published (%s): %s", ref.key, reason, error)
+        await self.recorder.warning(
+            obj, reason, f"not synced: {error}; its later changes are watched as usual"
+        )
+        if envelope is None:
+            payload: events.AnyPayload = events.ResourceObserved(ref=ref, object=identity)
+            envelope = events.envelope(
+                payload,
+                key=ref.key,
+                producer=self.producer,
+                uid=str(identity["metadata"].get("uid") or ""),
+                revision=observations.revision_of(obj),
+            )
+        else:
+            payload = envelope.payload.model_copy(update={"object": identity})
+            envelope = envelope.model_copy(update={"payload": payload})
+        await self.bus.dead_letter_event(envelope, reason, str(error))
 
     async def _policy_changed(self, key: str, obj: JsonObject) -> None:
         model: type[Policy] = PlacementPolicy

@@ -6,7 +6,15 @@ durable position when it has one, re-lists when it has none or the server says
 timeout, connection loss), and asks for bookmarks so that a quiet type's position
 still moves forward. Every event goes to a `Sink` in order; the position is saved
 only after the sink returned, so an event is never skipped by a crash — at worst
-it is seen again, which the sink's fingerprints make harmless.
+it is seen again, which the sink's fingerprints make harmless. Only a *permanent*
+sink error (`flotilla.common.errors.PermanentError`: this event can never be
+handled) skips the event, logged; retrying it from the same position would replay
+the poison forever and lose every later change of the type. Transient errors are
+retried from the saved position with backoff.
+
+Watch events are read line by line up to `MAX_EVENT_LINE`: an object may be as
+large as the API server stores (~1.5 MiB, more as JSON), far beyond aiohttp's
+default line limit.
 
 It talks to the API server through kubernetes_asyncio's `ApiClient.call_api`
 rather than its `Watch` helper or the DynamicClient: `Watch` answers the first 410
@@ -35,7 +43,7 @@ from kubernetes_asyncio.dynamic import DynamicClient
 
 from flotilla.common import kube
 from flotilla.common.api import GroupVersionKind
-from flotilla.common.errors import FlotillaError
+from flotilla.common.errors import FlotillaError, PermanentError
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +53,8 @@ LIST_PAGE = 500
 WATCH_SECONDS = 300
 """Server-side watch timeout; a watch is re-opened from its position after it."""
 MAX_BACKOFF = 10.0
+MAX_EVENT_LINE = 64 * 2**20
+"""Longest watch event line read (an object the API server stores is far smaller)."""
 
 
 class Expired(Exception):
@@ -153,7 +163,7 @@ class TypeClient:
             if response.status >= 300:
                 raise _error(response.status, await response.text())
             while True:
-                line = await response.content.readline()
+                line = await response.content.readline(max_line_length=MAX_EVENT_LINE)
                 if not line:
                     return
                 if not line.strip():
@@ -207,7 +217,16 @@ class TypeWatch:
                     await self.positions.put(self.gvk, position)
                 self.synced.set()
                 async for event in self.client.watch(position):
-                    await self._deliver(event)
+                    try:
+                        await self._deliver(event)
+                    except PermanentError as exc:
+                        log.error(
+                            "skipping %s event of %s %s: %s",
+                            event.type,
+                            self.gvk,
+                            (event.object.get("metadata") or {}).get("name"),
+                            exc,
+                        )
                     if event.resource_version:
                         position = event.resource_version
                         await self.positions.put(self.gvk, position)
