@@ -36,6 +36,7 @@ from aiohttp import web
 
 from flotilla.kubesim import apply as ssa
 from flotilla.kubesim import patch as patches
+from flotilla.kubesim import protobuf
 from flotilla.kubesim.errors import ApiError, bad_request, reason_for
 from flotilla.kubesim.resources import ResourceType
 from flotilla.kubesim.selectors import (
@@ -67,6 +68,7 @@ KUBERNETES_VERSION = {
 _VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 _JSON_TYPES = ("application/json", "*/*")
 _YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
+_BODY_TYPES = (*_JSON_TYPES, *_YAML_TYPES, protobuf.MEDIA_TYPE)
 # Upstream returns the deleted object for these; a Status for everything else.
 _RETURNS_DELETED = frozenset({("", "Pod"), ("", "Namespace")})
 _UNAUTHENTICATED = frozenset({"/healthz", "/livez", "/readyz"})
@@ -359,7 +361,7 @@ class KubeSim:
                         "ServiceUnavailable",
                         f"kubesim {self.name} is in a simulated outage",
                     )
-            return await handler(request)
+            return protobuf.negotiated(request.headers.get("Accept"), await handler(request))
         except ApiError as error:
             return _status_response(error)
         except web.HTTPException as exc:
@@ -431,18 +433,21 @@ class KubeSim:
         try:
             if content_type in _YAML_TYPES or content_type == patches.APPLY_PATCH:
                 return yaml.load(raw, Loader=_YamlLoader)  # noqa: S506 - a safe loader
+            if content_type == protobuf.MEDIA_TYPE:
+                return protobuf.decode(raw)
             return json.loads(raw)
         except (ValueError, yaml.YAMLError) as exc:
             raise bad_request(f"the request body could not be decoded: {exc}") from exc
 
     async def _read_object(self, request: web.Request, rt: ResourceType) -> dict[str, Any]:
         content_type = self._content_type(request)
-        if content_type not in _JSON_TYPES and content_type not in _YAML_TYPES:
+        if content_type not in _BODY_TYPES:
             raise ApiError(
                 415,
                 "UnsupportedMediaType",
                 f"the body of the request was in an unknown format - accepted media types "
-                f"include: application/json, application/yaml (got {content_type!r})",
+                f"include: application/json, application/yaml, {protobuf.MEDIA_TYPE} "
+                f"(got {content_type!r})",
             )
         obj = self._decode(await self._read_body(request), content_type)
         return self._check_object(obj, rt)
@@ -926,7 +931,7 @@ class KubeSim:
         content_type = self._content_type(request)
         body = self._decode(await self._read_body(request), content_type)
         if request.method == "PUT":
-            if content_type not in _JSON_TYPES and content_type not in _YAML_TYPES:
+            if content_type not in _BODY_TYPES:
                 raise ApiError(415, "UnsupportedMediaType", f"unsupported {content_type!r}")
             wanted = body
         elif content_type == patches.MERGE_PATCH and isinstance(body, dict):
@@ -959,7 +964,10 @@ class KubeSim:
         options: dict[str, Any] = {}
         raw = await self._read_body(request)
         if raw.strip():
-            decoded = self._decode(raw, "application/json")
+            content_type = self._content_type(request)
+            if content_type != protobuf.MEDIA_TYPE:
+                content_type = "application/json"
+            decoded = self._decode(raw, content_type)
             if not isinstance(decoded, dict):
                 raise bad_request("DeleteOptions must be a JSON object")
             options = decoded
