@@ -109,7 +109,11 @@ def message(name: str) -> Message:
             keys |= message(f.kind).json_keys
         else:
             keys.add(f.name)
-    is_object = name in protobuf_messages.KINDS.values() or name.startswith("List:")
+    is_object = (
+        name in protobuf_messages.KINDS.values()
+        or name in protobuf_messages.ANY_VERSION_KINDS.values()
+        or name.startswith("List:")
+    )
     return Message(name, fields, {f.number: f for f in fields}, frozenset(keys), is_object)
 
 
