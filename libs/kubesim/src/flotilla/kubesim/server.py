@@ -35,8 +35,8 @@ import yaml
 from aiohttp import web
 
 from flotilla.kubesim import apply as ssa
+from flotilla.kubesim import eviction, protobuf
 from flotilla.kubesim import patch as patches
-from flotilla.kubesim import protobuf
 from flotilla.kubesim.errors import ApiError, bad_request, reason_for
 from flotilla.kubesim.resources import ResourceType
 from flotilla.kubesim.selectors import (
@@ -544,6 +544,10 @@ class KubeSim:
             return await self._watch(request, rt, namespace)
         elif subresource == "scale" and method in ("GET", "PUT", "PATCH"):
             return await self._scale(request, rt, namespace, name)
+        elif subresource == "eviction" and method == "POST" and namespace is not None:
+            body = self._decode(await self._read_body(request), self._content_type(request))
+            pdb_rt = self.store.resource_type("policy/v1", "PodDisruptionBudget")
+            return _json(eviction.evict(self.store, rt, pdb_rt, namespace, name, body), 201)
         elif method == "GET":
             return _json(_versioned(rt, self.store.get_frozen(rt, namespace, name)))
         elif method == "PUT":
@@ -610,6 +614,8 @@ class KubeSim:
                         "verbs": ["get", "patch", "update"],
                     }
                 )
+            if "eviction" in rt.subresources:
+                entries.append(eviction.DISCOVERY)
             if "scale" in rt.subresources:
                 entries.append(
                     {
