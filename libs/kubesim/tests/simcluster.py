@@ -62,3 +62,43 @@ class Cluster:
         obj = self.get(kind, name, None if kind == "Node" else "default")
         change(obj)
         self.store.update(self.rt(kind), obj)
+
+
+def container(cpu: str = "100m", memory: str = "64Mi", **extra: str) -> dict[str, Any]:
+    return {
+        "name": "app",
+        "image": "nginx:1.27",
+        "resources": {"requests": {"cpu": cpu, "memory": memory, **extra}},
+    }
+
+
+def template(app: str, **spec: Any) -> dict[str, Any]:
+    spec.setdefault("containers", [container()])
+    return {"metadata": {"labels": {"app": app}}, "spec": spec}
+
+
+def deployment(name: str = "web", replicas: int = 3, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": template(name, **spec),
+        },
+    }
+
+
+def bare_pod(name: str, **spec: Any) -> dict[str, Any]:
+    spec.setdefault("containers", [container()])
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    }
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == kind)
