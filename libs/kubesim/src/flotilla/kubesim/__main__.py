@@ -51,6 +51,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--job-seconds", type=float, default=2.0)
     parser.add_argument("--token", default=None, help="bearer token (random when omitted)")
     parser.add_argument("--watch-window", type=int, default=1000, help="events kept per type")
+    parser.add_argument(
+        "--event-ttl",
+        type=float,
+        default=3600.0,
+        help="seconds an Event lives after its last write",
+    )
     parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -78,6 +84,7 @@ def build(args: argparse.Namespace) -> KubeSim:
         sim=options,
         watch_window=args.watch_window,
         host=args.host,
+        event_ttl=args.event_ttl,
     )
 
 

@@ -35,7 +35,7 @@ import yaml
 from aiohttp import web
 
 from flotilla.kubesim import apply as ssa
-from flotilla.kubesim import eviction, protobuf
+from flotilla.kubesim import events, eviction, protobuf
 from flotilla.kubesim import patch as patches
 from flotilla.kubesim.errors import ApiError, bad_request, reason_for
 from flotilla.kubesim.resources import ResourceType
@@ -193,6 +193,7 @@ class KubeSim:
         watch_window: int = 1000,
         host: str = "127.0.0.1",
         bookmark_interval: float = 60.0,
+        event_ttl: float = events.DEFAULT_TTL_SECONDS,
     ) -> None:
         self.name = name
         self.port = port
@@ -200,6 +201,7 @@ class KubeSim:
         self.hub = hub
         self.token = token or secrets.token_urlsafe(24)
         self.store = Store(watch_window=watch_window)
+        self.event_expiry = events.Expiry(self.store, event_ttl)
         self.url = ""
         self.bookmark_interval = bookmark_interval
         self.simulator: Simulator | None = None
@@ -233,6 +235,7 @@ class KubeSim:
             self.port = int(runner.addresses[0][1])
             self.url = f"http://{self.host}:{self.port}"
             self._runner = runner
+            self.event_expiry.start()
             if self.simulator is not None:
                 await self.simulator.start()
         except BaseException:
@@ -245,6 +248,7 @@ class KubeSim:
     async def stop(self) -> None:
         runner, self._runner = self._runner, None
         self._watches.close_all("server stopping")
+        await self.event_expiry.stop()
         if self.simulator is not None:
             await self.simulator.stop()
         if runner is not None:
@@ -670,7 +674,7 @@ class KubeSim:
             rt,
             namespace,
             parse_label_selector(label_selector),
-            parse_field_selector(field_selector),
+            parse_field_selector(events.field_selector(rt.api_version, rt.kind, field_selector)),
         )
         timeout = _int_param(query, "timeoutSeconds")
         bookmarks = _bool_param(query.get("allowWatchBookmarks"))

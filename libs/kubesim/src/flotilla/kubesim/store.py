@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from flotilla.kubesim import errors, resources
+from flotilla.kubesim import errors, events, resources
 from flotilla.kubesim import schema as crd_schema
 from flotilla.kubesim.errors import ApiError
 from flotilla.kubesim.resources import ResourceType
@@ -101,6 +101,21 @@ class WatchRecord:
 Listener = Callable[[StoreEvent], None]
 Objects = list[dict[str, Any]]
 RecordListener = Callable[[WatchRecord], None]
+Convert = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class View:
+    """A resource served from another's objects through a field mapping (upstream's
+    events.k8s.io/v1 Events are the core/v1 Events)."""
+
+    base: ResourceType
+    to_view: Convert
+    to_base: Convert
+
+    def record(self, record: WatchRecord) -> WatchRecord:
+        old = self.to_view(record.old) if record.old is not None else None
+        return WatchRecord(record.type, self.to_view(record.object), old, record.resource_version)
 
 
 class _TypeState:
@@ -199,6 +214,11 @@ class Store:
         self._service_ips = 0
         self._schemas: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._scales: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._views = {
+            _storage_key(self.resource_type(*events.EVENTS_V1)): View(
+                self.resource_type(*events.CORE), events.to_events_v1, events.to_core
+            )
+        }
         for name in DEFAULT_NAMESPACES:
             self.create(resources.NAMESPACE, {"metadata": {"name": name}})
 
@@ -212,6 +232,8 @@ class Store:
         return self.registry.by_kind(api_version, kind)
 
     def count(self, rt: ResourceType) -> int:
+        if (view := self._view(rt)) is not None:
+            return self.count(view.base)
         return self._state(rt).count
 
     def counts(self) -> dict[str, int]:
@@ -258,11 +280,21 @@ class Store:
 
     # -- reads -------------------------------------------------------------------------
 
+    def _view(self, rt: ResourceType) -> View | None:
+        view = self._views.get(_storage_key(rt))
+        if view is not None:
+            self._check_served(rt)
+        return view
+
     def get(self, rt: ResourceType, namespace: str | None, name: str) -> dict[str, Any]:
+        if (view := self._view(rt)) is not None:
+            return view.to_view(self.get(view.base, namespace, name))
         return self._versioned(rt, self._find(rt, namespace, name))
 
     def get_frozen(self, rt: ResourceType, namespace: str | None, name: str) -> dict[str, Any]:
         """The stored object itself, for serializing only. Never mutate the result."""
+        if (view := self._view(rt)) is not None:
+            return view.to_view(self._find(view.base, namespace, name))
         return self._find(rt, namespace, name)
 
     def list(
@@ -285,7 +317,18 @@ class Store:
         """Stored objects sorted by (namespace, name); never mutate them."""
         self._check_served(rt)
         match_labels = parse_label_selector(label_selector)
-        match_fields = parse_field_selector(field_selector)
+        match_fields = parse_field_selector(
+            events.field_selector(rt.api_version, rt.kind, field_selector)
+        )
+        if (view := self._view(rt)) is not None:
+            base, rv = self.list_frozen(view.base, namespace)
+            shown = [view.to_view(obj) for obj in base]
+            return [
+                obj
+                for obj in shown
+                if (match_labels is None or match_labels(labels_of(obj)))
+                and (match_fields is None or match_fields(obj))
+            ], rv
         state = self._state(rt)
         if rt.namespaced and namespace:
             buckets = [state.objects.get(namespace, {})]
@@ -304,12 +347,23 @@ class Store:
 
     def iter_frozen(self, rt: ResourceType) -> Iterator[dict[str, Any]]:
         """Every stored object of a type, unsorted; never mutate them."""
+        if (view := self._view(rt)) is not None:
+            yield from (view.to_view(obj) for obj in self.iter_frozen(view.base))
+            return
         for bucket in self._state(rt).objects.values():
             yield from bucket.values()
 
     # -- history and listeners -------------------------------------------------------
 
     def add_listener(self, rt: ResourceType, callback: Listener) -> Callable[[], None]:
+        if (view := self._view(rt)) is not None:
+            convert = view.to_view
+            return self.add_listener(
+                view.base,
+                lambda event: callback(
+                    StoreEvent(event.type, convert(event.object), event.resource_version)
+                ),
+            )
         listeners = self._state(rt).listeners
         listeners.append(callback)
 
@@ -321,6 +375,9 @@ class Store:
 
     def add_record_listener(self, rt: ResourceType, callback: RecordListener) -> Callable[[], None]:
         """Like `add_listener` but with the shared, read-only `WatchRecord` (for watches)."""
+        if (view := self._view(rt)) is not None:
+            shown = view.record
+            return self.add_record_listener(view.base, lambda record: callback(shown(record)))
         listeners = self._state(rt).record_listeners
         listeners.append(callback)
 
@@ -332,6 +389,8 @@ class Store:
 
     def history_since(self, rt: ResourceType, resource_version: int) -> builtins.list[WatchRecord]:
         """Retained events after `resource_version`; 410 Expired if some were dropped."""
+        if (view := self._view(rt)) is not None:
+            return [view.record(r) for r in self.history_since(view.base, resource_version)]
         state = self._state(rt)
         if resource_version < state.expired_rv:
             raise ApiError(
@@ -370,6 +429,8 @@ class Store:
         self._check_served(rt)
         if not isinstance(obj, dict):
             raise errors.bad_request("object must be a JSON object")
+        if (view := self._view(rt)) is not None:
+            return view.to_view(self.create(view.base, view.to_base(obj)))
         new: dict[str, Any] = clone(obj)
         new["apiVersion"] = rt.api_version
         new["kind"] = rt.kind
@@ -607,6 +668,9 @@ class Store:
         self._check_served(rt)
         if not isinstance(obj, dict):
             raise errors.bad_request("object must be a JSON object")
+        if (view := self._view(rt)) is not None:
+            updated = self.update(view.base, view.to_base(obj), subresource=subresource)
+            return view.to_view(updated)
         meta_in = obj.get("metadata") or {}
         name = meta_in.get("name")
         if not name:
@@ -747,6 +811,11 @@ class Store:
         preconditions: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Delete (or start deleting) an object; returns its last or terminating state."""
+        if (view := self._view(rt)) is not None:
+            deleted = self.delete(
+                view.base, namespace, name, propagation=propagation, preconditions=preconditions
+            )
+            return view.to_view(deleted)
         if propagation not in PROPAGATIONS:
             raise errors.bad_request(
                 f"propagationPolicy {propagation!r} is not one of {', '.join(PROPAGATIONS)}"
