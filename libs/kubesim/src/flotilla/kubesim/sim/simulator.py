@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 from aiohttp import web
 
 from flotilla.kubesim.errors import ApiError
-from flotilla.kubesim.sim import controllers, disruption, http, nodes, pods, scheduling
+from flotilla.kubesim.sim import controllers, disruption, http, nodes, pods, recorder, scheduling
 from flotilla.kubesim.sim.options import SimOptions
 from flotilla.kubesim.sim.queues import BATCH_SECONDS, TimerHeap, WorkQueue
 from flotilla.kubesim.sim.scheduling import PodSchedulingSpec
@@ -106,6 +106,7 @@ class Simulator:
         self.controllers: dict[str, Reconciler] = {
             c.kind: c(self.ctx) for c in controllers.CONTROLLERS
         }
+        self.recorder = recorder.Recorder(store, self._owner_alive)
         self.budgets = disruption.DisruptionController(self.ctx)
         self.controllers[self.budgets.kind] = self.budgets
         self.queues: dict[str, WorkQueue[Key]] = {kind: WorkQueue() for kind in self.controllers}
@@ -145,6 +146,13 @@ class Simulator:
             items, rv = self.store.list(self.types[kind])
             for item in items:
                 listener(StoreEvent("ADDED", item, rv))
+        for kind, observe in (
+            ("Pod", self.recorder.observe_pod),
+            ("ReplicaSet", self.recorder.observe_replicaset),
+            ("Job", self.recorder.observe_job),
+            ("Node", self.recorder.observe_node),
+        ):
+            self._unsubscribe.append(self.store.add_record_listener(self.types[kind], observe))
         existing = len(self.state.nodes)
         self._node_index = existing
         if self.options.nodes > existing:
@@ -157,6 +165,7 @@ class Simulator:
         loops.append(("janitor", self._queue_loop(self.janitor_queue, self._tidy_pod)))
         loops.append(("kubelet", self._timer_loop))
         loops.append(("heartbeat", self._heartbeat_loop))
+        loops.append(("events", self.recorder.run))
         for name, factory in loops:
             self._tasks.append(asyncio.create_task(self._guarded(name, factory), name=name))
 
@@ -388,6 +397,10 @@ class Simulator:
         except (ValueError, TypeError, AttributeError):
             # A pod the real scheduler would reject at validation; never fits anywhere.
             return PodSchedulingSpec(requests={"pods": 1, "kubesim.flotilla.io/invalid": 1})
+
+    def _owner_alive(self, kind: str, namespace: str, name: str) -> bool:
+        owner = self.state.cache(kind).get((namespace, name))
+        return owner is not None and not owner["metadata"].get("deletionTimestamp")
 
     def _enqueue_budgets(self, namespace: str) -> None:
         for budget in self.budgets.budgets_in(namespace):
