@@ -21,7 +21,16 @@ from typing import Any, Protocol, TypeVar
 from aiohttp import web
 
 from flotilla.kubesim.errors import ApiError
-from flotilla.kubesim.sim import controllers, disruption, http, nodes, pods, recorder, scheduling
+from flotilla.kubesim.sim import (
+    controllers,
+    cronjobs,
+    disruption,
+    http,
+    nodes,
+    pods,
+    recorder,
+    scheduling,
+)
 from flotilla.kubesim.sim.options import SimOptions
 from flotilla.kubesim.sim.queues import BATCH_SECONDS, TimerHeap, WorkQueue
 from flotilla.kubesim.sim.scheduling import PodSchedulingSpec
@@ -52,6 +61,7 @@ _TYPES = {
     "DaemonSet": "apps/v1",
     "Job": "batch/v1",
     "PodDisruptionBudget": "policy/v1",
+    "CronJob": "batch/v1",
 }
 _RETRY_SECONDS = 1.0
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
@@ -109,6 +119,8 @@ class Simulator:
         self.recorder = recorder.Recorder(store, self._owner_alive)
         self.budgets = disruption.DisruptionController(self.ctx)
         self.controllers[self.budgets.kind] = self.budgets
+        self.cronjobs = cronjobs.CronJobController(self.ctx, self.recorder.record)
+        self.controllers[self.cronjobs.kind] = self.cronjobs
         self.queues: dict[str, WorkQueue[Key]] = {kind: WorkQueue() for kind in self.controllers}
         self.scheduler_queue: WorkQueue[Key] = WorkQueue()
         self.janitor_queue: WorkQueue[Key] = WorkQueue()
