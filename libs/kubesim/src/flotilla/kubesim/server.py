@@ -12,15 +12,12 @@ starts.
 
 Deliberately absent (a request for them gets a 4xx Status, never a silent success):
 `dryRun`, pods' `binding`/`log`/`exec`, `/openapi`, aggregated discovery and Table
-output. `limit`/`continue` pages are read from live data (not from a snapshot at the
-first page's resourceVersion), which is enough for clients that list then watch.
+output. `limit`/`continue` pages are one consistent snapshot (see `pagination`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 import logging
 import os
@@ -35,7 +32,7 @@ import yaml
 from aiohttp import web
 
 from flotilla.kubesim import apply as ssa
-from flotilla.kubesim import events, eviction, protobuf
+from flotilla.kubesim import events, eviction, pagination, protobuf
 from flotilla.kubesim import patch as patches
 from flotilla.kubesim.errors import ApiError, bad_request, reason_for
 from flotilla.kubesim.resources import ResourceType
@@ -135,24 +132,6 @@ def _int_param(query: Mapping[str, str], name: str) -> int | None:
         return int(value)
     except ValueError:
         raise bad_request(f"{name} must be an integer, got {value!r}") from None
-
-
-def _encode_continue(rv: int, key: tuple[str, str]) -> str:
-    raw = json.dumps({"rv": rv, "start": list(key)}).encode()
-    return base64.urlsafe_b64encode(raw).decode()
-
-
-def _decode_continue(token: str) -> tuple[int, tuple[str, str]]:
-    try:
-        data = json.loads(base64.urlsafe_b64decode(token.encode()))
-        return int(data["rv"]), (str(data["start"][0]), str(data["start"][1]))
-    except (ValueError, KeyError, IndexError, TypeError, binascii.Error):
-        raise bad_request("invalid continue token") from None
-
-
-def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
-    meta = obj["metadata"]
-    return (meta.get("namespace") or "", meta["name"])
 
 
 def _get_path(obj: Any, path: str) -> Any:
@@ -642,21 +621,7 @@ class KubeSim:
     # -- list and watch ------------------------------------------------------------------
 
     def _list(self, request: web.Request, rt: ResourceType, namespace: str | None) -> web.Response:
-        query = request.query
-        items, rv = self.store.list_frozen(
-            rt, namespace, query.get("labelSelector"), query.get("fieldSelector")
-        )
-        token = query.get("continue")
-        if token:
-            rv, start = _decode_continue(token)
-            items = [obj for obj in items if _key(obj) > start]
-        metadata: dict[str, Any] = {"resourceVersion": str(rv)}
-        limit = _int_param(query, "limit")
-        if limit is not None and limit > 0 and len(items) > limit:
-            remaining = len(items) - limit
-            items = items[:limit]
-            metadata["continue"] = _encode_continue(rv, _key(items[-1]))
-            metadata["remainingItemCount"] = remaining
+        items, metadata = pagination.page(self.store, rt, namespace, request.query)
         body = {
             "kind": rt.list_kind,
             "apiVersion": rt.api_version,

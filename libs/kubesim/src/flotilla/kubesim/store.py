@@ -313,15 +313,21 @@ class Store:
         namespace: str | None = None,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        *,
+        at: int | None = None,
     ) -> tuple[Objects, int]:
-        """Stored objects sorted by (namespace, name); never mutate them."""
+        """Stored objects sorted by (namespace, name); never mutate them.
+
+        With `at`, the objects as they were at that resourceVersion, rebuilt by undoing
+        the retained history after it (410 Expired once that history is gone).
+        """
         self._check_served(rt)
         match_labels = parse_label_selector(label_selector)
         match_fields = parse_field_selector(
             events.field_selector(rt.api_version, rt.kind, field_selector)
         )
         if (view := self._view(rt)) is not None:
-            base, rv = self.list_frozen(view.base, namespace)
+            base, rv = self.list_frozen(view.base, namespace, at=at)
             shown = [view.to_view(obj) for obj in base]
             return [
                 obj
@@ -330,10 +336,15 @@ class Store:
                 and (match_fields is None or match_fields(obj))
             ], rv
         state = self._state(rt)
-        if rt.namespaced and namespace:
-            buckets = [state.objects.get(namespace, {})]
+        if at is not None and at < self._rv:
+            objects = self._objects_at(rt, state, at)
         else:
-            buckets = [state.objects[ns] for ns in sorted(state.objects)]
+            objects = state.objects
+            at = self._rv
+        if rt.namespaced and namespace:
+            buckets = [objects.get(namespace, {})]
+        else:
+            buckets = [objects[ns] for ns in sorted(objects)]
         items: Objects = []
         for bucket in buckets:
             for name in sorted(bucket):
@@ -343,7 +354,28 @@ class Store:
                 if match_fields is not None and not match_fields(obj):
                     continue
                 items.append(obj)
-        return items, self._rv
+        return items, at
+
+    def _objects_at(
+        self, rt: ResourceType, state: _TypeState, resource_version: int
+    ) -> dict[str, dict[str, dict[str, Any]]]:
+        """The type's objects (namespace -> name -> object) as of `resource_version`."""
+        before: dict[tuple[str, str], dict[str, Any] | None] = {}
+        # Newest first, so the state before the oldest later change is what remains.
+        for record in reversed(self.history_since(rt, resource_version)):
+            meta = record.object["metadata"]
+            key = (self._ns(rt, meta.get("namespace")), meta["name"])
+            before[key] = None if record.type == "ADDED" else record.old
+        if not before:
+            return state.objects
+        objects = {
+            ns: {name: obj for name, obj in bucket.items() if (ns, name) not in before}
+            for ns, bucket in state.objects.items()
+        }
+        for (ns, name), obj in before.items():
+            if obj is not None:
+                objects.setdefault(ns, {})[name] = obj
+        return objects
 
     def iter_frozen(self, rt: ResourceType) -> Iterator[dict[str, Any]]:
         """Every stored object of a type, unsorted; never mutate them."""
@@ -425,13 +457,21 @@ class Store:
 
     # -- create ------------------------------------------------------------------------
 
-    def create(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+    def create(
+        self, rt: ResourceType, obj: dict[str, Any], *, owned: bool = False
+    ) -> dict[str, Any]:
+        """Store a new object; returns a copy of what was stored.
+
+        `owned=True` hands `obj` over instead (no copy in, and the stored object itself
+        out, which the caller must not mutate): for writers like the Event recorder that
+        build a fresh dict per object and never look at it again.
+        """
         self._check_served(rt)
         if not isinstance(obj, dict):
             raise errors.bad_request("object must be a JSON object")
         if (view := self._view(rt)) is not None:
             return view.to_view(self.create(view.base, view.to_base(obj)))
-        new: dict[str, Any] = clone(obj)
+        new: dict[str, Any] = obj if owned else clone(obj)
         new["apiVersion"] = rt.api_version
         new["kind"] = rt.kind
         meta = _meta(new)
@@ -466,7 +506,7 @@ class Store:
             self._register_crd(new)
         self._put(rt, state, ns, new, None)
         self._emit(rt, "ADDED", new, None)
-        return self._versioned(rt, new)
+        return new if owned else self._versioned(rt, new)
 
     def _validate(self, rt: ResourceType, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
