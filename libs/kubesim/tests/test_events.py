@@ -299,3 +299,24 @@ async def test_repeated_events_are_aggregated(cluster: Cluster) -> None:
         (e["message"], e["count"]) for e in _events(cluster, name="x") if e["reason"] == "BackOff"
     )
     assert found == [("Back-off", 3), ("other", 1)]
+
+
+async def test_many_similar_events_are_combined_like_client_go(cluster: Cluster) -> None:
+    involved = {"kind": "ReplicaSet", "namespace": "default", "name": "rs", "uid": "u-rs"}
+    for i in range(15):
+        cluster.sim.recorder.record(
+            involved, "Normal", "SuccessfulCreate", f"Created pod: rs-{i}", "replicaset-controller"
+        )
+    cluster.sim.recorder.flush()
+    found = sorted((e["message"], e["count"]) for e in _events(cluster, name="rs"))
+    singles = [(f"Created pod: rs-{i}", 1) for i in range(9)]
+    assert found == sorted([*singles, ("(combined from similar events): Created pod: rs-14", 6)])
+
+
+async def test_event_recording_can_be_switched_off(cluster_factory: Any) -> None:
+    quiet: Cluster = await cluster_factory(nodes=1, record_events=False)
+    quiet.create(bare_pod("silent"))
+    await eventually(lambda: quiet.get("Pod", "silent")["status"].get("phase") == "Running")
+    assert _events(quiet) == []
+    args = parse_args(["--name", "x", "--port", "0", "--kubeconfig", "k", "--no-events"])
+    assert args.no_events is True

@@ -57,6 +57,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=3600.0,
         help="seconds an Event lives after its last write",
     )
+    parser.add_argument("--no-events", action="store_true", help="the simulator records no Events")
     parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -75,6 +76,7 @@ def build(args: argparse.Namespace) -> KubeSim:
             node_labels=args.node_labels,
             pod_ready_seconds=args.pod_ready_seconds,
             job_seconds=args.job_seconds,
+            record_events=not args.no_events,
         )
     return KubeSim(
         args.name,

@@ -63,7 +63,8 @@ def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
     return (meta.get("namespace") or "", meta["name"])
 
 
-def _int(query: Mapping[str, str], name: str) -> int | None:
+def int_param(query: Mapping[str, str], name: str) -> int | None:
+    """An integer query parameter, None when absent; 400 when it is not an integer."""
     value = query.get(name)
     if value in (None, ""):
         return None
@@ -115,7 +116,7 @@ def page(
 ) -> tuple[Objects, dict[str, Any]]:
     """One page of a list request: the (stored, frozen) items and the list metadata."""
     label_selector, field_selector = query.get("labelSelector"), query.get("fieldSelector")
-    limit = _int(query, "limit")
+    limit = int_param(query, "limit")
     token = query.get("continue")
     start: tuple[str, str] | None = None
     if token:

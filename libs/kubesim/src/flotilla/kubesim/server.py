@@ -124,16 +124,6 @@ def _bool_param(value: str | None) -> bool:
     return value is not None and value.lower() in ("true", "1")
 
 
-def _int_param(query: Mapping[str, str], name: str) -> int | None:
-    value = query.get(name)
-    if value in (None, ""):
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise bad_request(f"{name} must be an integer, got {value!r}") from None
-
-
 def _get_path(obj: Any, path: str) -> Any:
     """The value at a `.spec.replicas`-style path, or None."""
     current = obj
@@ -641,7 +631,7 @@ class KubeSim:
             parse_label_selector(label_selector),
             parse_field_selector(events.field_selector(rt.api_version, rt.kind, field_selector)),
         )
-        timeout = _int_param(query, "timeoutSeconds")
+        timeout = pagination.int_param(query, "timeoutSeconds")
         bookmarks = _bool_param(query.get("allowWatchBookmarks"))
         since = query.get("resourceVersion")
         api_version = rt.api_version if rt.custom else None

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,16 +43,49 @@ POD_CREATORS = {
 OwnerAlive = Callable[[str, str, str], bool]  # (kind, namespace, name)
 
 
-@dataclass(frozen=True)
-class Note:
-    """One Event to write: about `involved`, from `component` (on `host`)."""
+# client-go's EventCorrelator: after this many distinct messages about one object with
+# the same reason and source within the interval, the rest are combined into one Event.
+SIMILAR_EVENTS = 10
+SIMILAR_INTERVAL_SECONDS = 600.0
+# client-go's correlator caches hold this many keys (LRU); older ones start anew.
+CACHE_SIZE = 4096
+COMBINED = "(combined from similar events): "
 
-    involved: tuple[tuple[str, str], ...]  # the involvedObject, as sorted items
+
+@dataclass(frozen=True, eq=False)
+class Note:
+    """One Event to write: about `involved` (shared, never mutated), from `component`."""
+
+    involved: dict[str, str]
     type: str
     reason: str
     message: str
     component: str
     host: str = ""
+
+    def similar_key(self) -> tuple[str, ...]:
+        """Everything but the message (client-go's aggregate key)."""
+        involved = self.involved
+        return (
+            involved.get("uid") or involved.get("name", ""),
+            involved.get("kind", ""),
+            involved.get("namespace", ""),
+            involved.get("fieldPath", ""),
+            self.type,
+            self.reason,
+            self.component,
+            self.host,
+        )
+
+
+class _Lru(OrderedDict[tuple[str, ...], Any]):
+    """A dict that forgets its least recently used keys beyond CACHE_SIZE."""
+
+    def touch(self, key: tuple[str, ...], value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > CACHE_SIZE:
+            self.popitem(last=False)
 
 
 def reference(obj: dict[str, Any], field_path: str = "") -> dict[str, str]:
@@ -106,7 +139,10 @@ class Recorder:
         self.rt = store.resource_type("v1", "Event")
         self._pending: deque[Note] = deque()
         self._ready = asyncio.Event()
-        self._latest: dict[Note, tuple[str, str]] = {}
+        # dedupe key -> (namespace, name) of the Event to bump; similar key -> messages seen.
+        self._latest = _Lru()
+        self._similar = _Lru()
+        self._sources: dict[tuple[str, str], dict[str, str]] = {}
         self._serial = itertools.count()
         self._pulled: set[tuple[str, str]] = set()  # (node, image) a kubelet already has
 
@@ -122,8 +158,7 @@ class Recorder:
         host: str = "",
     ) -> None:
         """Queue one Event; it is written by `run` shortly after."""
-        note = Note(tuple(sorted(involved.items())), type_, reason, message, component, host)
-        self._pending.append(note)
+        self._pending.append(Note(involved, type_, reason, message, component, host))
         self._ready.set()
 
     def __len__(self) -> int:
@@ -147,30 +182,52 @@ class Recorder:
             self.write(self._pending.popleft())
         self._ready.clear()
 
+    def _correlate(self, note: Note) -> tuple[tuple[str, ...], str]:
+        """(dedupe key, message): the note's own, or the combined Event's once similar
+        notes about the same object pass SIMILAR_EVENTS within SIMILAR_INTERVAL_SECONDS."""
+        similar = note.similar_key()
+        now = time.monotonic()
+        seen = self._similar.get(similar)
+        if seen is None or seen[0] + SIMILAR_INTERVAL_SECONDS < now:
+            seen = (now, set())
+        messages: set[str] = seen[1]
+        messages.add(note.message)
+        self._similar.touch(similar, (now, messages))
+        if len(messages) < SIMILAR_EVENTS:
+            return (*similar, note.message), note.message
+        return similar, COMBINED + note.message
+
     def write(self, note: Note) -> None:
         now = now_rfc3339()
-        involved = dict(note.involved)
+        involved = note.involved
         namespace = involved.get("namespace") or "default"
-        where = self._latest.get(note)
+        key, message = self._correlate(note)
+        where = self._latest.get(key)
         if where is not None:
             try:
                 event = self.store.get(self.rt, *where)
                 event["count"] = int(event.get("count") or 1) + 1
                 event["lastTimestamp"] = now
+                event["message"] = message
                 self.store.update(self.rt, event)
+                self._latest.touch(key, where)
                 return
             except ApiError as exc:
                 if exc.code != 404:
                     raise
-                del self._latest[note]
+                del self._latest[key]
+        source = self._sources.get((note.component, note.host))
+        if source is None:
+            source = {"component": note.component, **({"host": note.host} if note.host else {})}
+            self._sources[(note.component, note.host)] = source
         # client-go names Events <object>.<hex nanoseconds>; the serial keeps them unique.
         name = f"{involved.get('name', 'unknown')}.{time.time_ns() + next(self._serial):x}"
         event = {
             "metadata": {"name": name, "namespace": namespace},
             "involvedObject": involved,
             "reason": note.reason,
-            "message": note.message,
-            "source": {"component": note.component, **({"host": note.host} if note.host else {})},
+            "message": message,
+            "source": source,
             "firstTimestamp": now,
             "lastTimestamp": now,
             "count": 1,
@@ -185,9 +242,7 @@ class Recorder:
             if exc.code not in (403, 404):  # its namespace is gone or going
                 raise
             return
-        if len(self._latest) > 100_000:
-            self._latest.clear()  # bounded: worst case a repeat starts a new Event
-        self._latest[note] = (namespace, name)
+        self._latest.touch(key, (namespace, name))
 
     # -- observing ------------------------------------------------------------------------
 

@@ -158,12 +158,13 @@ class Simulator:
             items, rv = self.store.list(self.types[kind])
             for item in items:
                 listener(StoreEvent("ADDED", item, rv))
-        for kind, observe in (
+        observers = (
             ("Pod", self.recorder.observe_pod),
             ("ReplicaSet", self.recorder.observe_replicaset),
             ("Job", self.recorder.observe_job),
             ("Node", self.recorder.observe_node),
-        ):
+        )
+        for kind, observe in observers if self.options.record_events else ():
             self._unsubscribe.append(self.store.add_record_listener(self.types[kind], observe))
         existing = len(self.state.nodes)
         self._node_index = existing
