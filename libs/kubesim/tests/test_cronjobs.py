@@ -226,3 +226,33 @@ def test_schedule_times(schedule: str, after: str, expected: str) -> None:
         {"schedule": schedule}, start, upcoming + timedelta(seconds=1)
     )
     assert (latest, missed) == (upcoming, 1)
+
+
+async def test_a_manual_job_from_the_cronjob_is_not_reported_as_scheduled(
+    timed: tuple[Cluster, Clock],
+) -> None:
+    cluster, _ = timed
+    owner = cluster.create(cronjob())
+    cluster.create(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": "manual",
+                "namespace": "default",
+                "annotations": {"cronjob.kubernetes.io/instantiate": "manual"},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "CronJob",
+                        "name": "tick",
+                        "uid": owner["metadata"]["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": owner["spec"]["jobTemplate"]["spec"],
+        }
+    )
+    await eventually(lambda: "SawCompletedJob" in reasons(cluster))
+    assert "SuccessfulCreate" not in reasons(cluster)

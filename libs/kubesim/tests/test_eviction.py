@@ -236,3 +236,9 @@ async def test_budget_recounts_when_pods_go_and_blocks_at_the_floor(cluster: Clu
     assert _budget(cluster)["conditions"][0]["reason"] == "InsufficientPods"
     cluster.update_spec("Deployment", "web", lambda d: d["spec"].update(replicas=3))
     await eventually(lambda: _budget(cluster).get("disruptionsAllowed") == 1)
+
+
+async def test_evictions_can_only_be_created(api: Api) -> None:
+    await api.running_pod("a")
+    status, body = await api.call("GET", f"{PODS}/a/eviction")
+    assert status == 405, body

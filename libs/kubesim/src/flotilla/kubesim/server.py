@@ -517,7 +517,9 @@ class KubeSim:
             return await self._watch(request, rt, namespace)
         elif subresource == "scale" and method in ("GET", "PUT", "PATCH"):
             return await self._scale(request, rt, namespace, name)
-        elif subresource == "eviction" and method == "POST" and namespace is not None:
+        elif subresource == "eviction" and namespace is not None:
+            if method != "POST":
+                raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on evictions")
             body = self._decode(await self._read_body(request), self._content_type(request))
             pdb_rt = self.store.resource_type("policy/v1", "PodDisruptionBudget")
             return _json(eviction.evict(self.store, rt, pdb_rt, namespace, name, body), 201)

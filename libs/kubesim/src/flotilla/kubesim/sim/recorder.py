@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flotilla.kubesim.errors import ApiError
+from flotilla.kubesim.sim.cronjobs import SCHEDULED_ANNOTATION
 from flotilla.kubesim.sim.nodes import now_rfc3339
 from flotilla.kubesim.sim.queues import BATCH_SECONDS
 from flotilla.kubesim.sim.state import controller_ref, pod_is_ready
@@ -367,7 +368,8 @@ class Recorder:
         ref = controller_ref(new)
         cronjob = ref if ref and ref.get("kind") == "CronJob" else None
         if record.type == "ADDED":
-            if cronjob:
+            # Only the Jobs the controller started (not `kubectl create job --from=cronjob/...`).
+            if cronjob and SCHEDULED_ANNOTATION in (meta.get("annotations") or {}):
                 self.record(
                     _owner_ref(cronjob, namespace),
                     "Normal",
