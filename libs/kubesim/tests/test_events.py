@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -11,6 +13,7 @@ import pytest
 from flotilla.kubesim import events
 from flotilla.kubesim.__main__ import build, parse_args
 from flotilla.kubesim.server import KubeSim
+from flotilla.kubesim.sim import recorder
 from flotilla.kubesim.store import Store
 
 from .simcluster import Cluster, bare_pod, container, deployment, eventually, template
@@ -320,3 +323,22 @@ async def test_event_recording_can_be_switched_off(cluster_factory: Any) -> None
     assert _events(quiet) == []
     args = parse_args(["--name", "x", "--port", "0", "--kubeconfig", "k", "--no-events"])
     assert args.no_events is True
+
+
+async def test_events_wait_while_the_simulator_is_busy() -> None:
+    store = Store()
+    busy = [True]
+    writer = recorder.Recorder(store, lambda *_: True, lambda: busy[0])
+    task = asyncio.create_task(writer.run())
+    try:
+        involved = {"kind": "Pod", "namespace": "default", "name": "p", "uid": "u"}
+        writer.record(involved, "Normal", "Started", "Started container c", "kubelet", "n")
+        await asyncio.sleep(0.05)
+        rt = store.resource_type("v1", "Event")
+        assert store.count(rt) == 0 and len(writer) == 1
+        busy[0] = False
+        await eventually(lambda: store.count(rt) == 1)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -11,8 +11,11 @@ free of reporting code; the few that no object change shows (a CronJob skipping 
 run) are reported through `record`.
 
 Events are written by a batched loop, never inside the store write that caused
-them, and repeats of the same Event (same object, type, reason, message, source)
-bump `count`/`lastTimestamp` of the existing one, as client-go's recorder does.
+them, and only while the simulator has no other work queued (up to MAX_DEFERRED held
+back), so they trail a burst of 10,000 pods instead of slowing it. Repeats of the
+same Event (object, type, reason, message, source) bump `count`/`lastTimestamp` of
+the existing one, and more than ten similar ones about one object are combined, as
+client-go's EventCorrelator does.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ SIMILAR_INTERVAL_SECONDS = 600.0
 # client-go's correlator caches hold this many keys (LRU); older ones start anew.
 CACHE_SIZE = 4096
 COMBINED = "(combined from similar events): "
+# Events held back while the simulator is busy before they are written anyway.
+MAX_DEFERRED = 50_000
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,9 +139,12 @@ def _condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
 class Recorder:
     """Derives, aggregates and writes Events (see the module docstring)."""
 
-    def __init__(self, store: Store, owner_alive: OwnerAlive) -> None:
+    def __init__(
+        self, store: Store, owner_alive: OwnerAlive, busy: Callable[[], bool] = lambda: False
+    ) -> None:
         self.store = store
         self.owner_alive = owner_alive
+        self.busy = busy
         self.rt = store.resource_type("v1", "Event")
         self._pending: deque[Note] = deque()
         self._ready = asyncio.Event()
@@ -168,9 +176,12 @@ class Recorder:
     async def run(self) -> None:
         while True:
             await self._ready.wait()
-            # A quarter of a controller's time box: Events trail the work they describe
-            # (as they do upstream, where every component queues them) instead of slowing it.
-            deadline = time.monotonic() + BATCH_SECONDS / 4
+            # Events trail the work they describe (upstream's components queue them too):
+            # while the simulator has work queued they wait, unless too many pile up.
+            if self.busy() and len(self._pending) < MAX_DEFERRED:
+                await asyncio.sleep(BATCH_SECONDS)
+                continue
+            deadline = time.monotonic() + BATCH_SECONDS
             while self._pending and time.monotonic() < deadline:
                 self.write(self._pending.popleft())
             if not self._pending:

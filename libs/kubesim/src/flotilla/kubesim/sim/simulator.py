@@ -116,7 +116,7 @@ class Simulator:
         self.controllers: dict[str, Reconciler] = {
             c.kind: c(self.ctx) for c in controllers.CONTROLLERS
         }
-        self.recorder = recorder.Recorder(store, self._owner_alive)
+        self.recorder = recorder.Recorder(store, self._owner_alive, self._busy)
         self.budgets = disruption.DisruptionController(self.ctx)
         self.controllers[self.budgets.kind] = self.budgets
         self.cronjobs = cronjobs.CronJobController(self.ctx, self.recorder.record)
@@ -410,6 +410,10 @@ class Simulator:
         except (ValueError, TypeError, AttributeError):
             # A pod the real scheduler would reject at validation; never fits anywhere.
             return PodSchedulingSpec(requests={"pods": 1, "kubesim.flotilla.io/invalid": 1})
+
+    def _busy(self) -> bool:
+        """Whether any controller, the scheduler or the janitor has work queued."""
+        return any(self.queues.values()) or bool(self.scheduler_queue) or bool(self.janitor_queue)
 
     def _owner_alive(self, kind: str, namespace: str, name: str) -> bool:
         owner = self.state.cache(kind).get((namespace, name))
