@@ -6,7 +6,7 @@ kubesim wrote, through `config.new_client_from_config`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,10 @@ import pytest
 from kubernetes_asyncio import config
 
 from flotilla.kubesim.server import KubeSim
+from flotilla.kubesim.sim import SimOptions, Simulator
+from flotilla.kubesim.store import Store
+
+from .simcluster import FAST, Cluster
 
 
 @pytest.fixture
@@ -32,3 +36,25 @@ async def client(hub: KubeSim, tmp_path: Path) -> AsyncIterator[Any]:
         yield api
     finally:
         await api.close()
+
+
+@pytest.fixture
+async def cluster_factory() -> AsyncIterator[Callable[..., Any]]:
+    started: list[Simulator] = []
+
+    async def make(**options: Any) -> Cluster:
+        store = Store()
+        sim = Simulator(store, SimOptions(**{**FAST, **options}), "test")
+        await sim.start()
+        started.append(sim)
+        return Cluster(store, sim)
+
+    yield make
+    for sim in started:
+        await sim.stop()
+
+
+@pytest.fixture
+async def cluster(cluster_factory: Callable[..., Any]) -> Cluster:
+    result: Cluster = await cluster_factory(nodes=3)
+    return result

@@ -51,6 +51,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--job-seconds", type=float, default=2.0)
     parser.add_argument("--token", default=None, help="bearer token (random when omitted)")
     parser.add_argument("--watch-window", type=int, default=1000, help="events kept per type")
+    parser.add_argument(
+        "--event-ttl",
+        type=float,
+        default=3600.0,
+        help="seconds an Event lives after its last write",
+    )
+    parser.add_argument("--no-events", action="store_true", help="the simulator records no Events")
     parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -69,6 +76,7 @@ def build(args: argparse.Namespace) -> KubeSim:
             node_labels=args.node_labels,
             pod_ready_seconds=args.pod_ready_seconds,
             job_seconds=args.job_seconds,
+            record_events=not args.no_events,
         )
     return KubeSim(
         args.name,
@@ -78,6 +86,7 @@ def build(args: argparse.Namespace) -> KubeSim:
         sim=options,
         watch_window=args.watch_window,
         host=args.host,
+        event_ttl=args.event_ttl,
     )
 
 

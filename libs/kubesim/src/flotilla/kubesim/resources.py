@@ -61,9 +61,11 @@ def _rt(
     status: bool = False,
     scale: bool = False,
     short: tuple[str, ...] = (),
+    extra: frozenset[str] = frozenset(),
 ) -> ResourceType:
     group, _, version = api_version.rpartition("/")
     subresources = (_STATUS if status else frozenset()) | ({"scale"} if scale else frozenset())
+    subresources |= extra
     return ResourceType(
         group=group,
         version=version,
@@ -78,7 +80,7 @@ def _rt(
 BUILTIN_TYPES: tuple[ResourceType, ...] = (
     _rt("v1", "Namespace", "namespaces", namespaced=False, status=True, short=("ns",)),
     _rt("v1", "Node", "nodes", namespaced=False, status=True, short=("no",)),
-    _rt("v1", "Pod", "pods", status=True, short=("po",)),
+    _rt("v1", "Pod", "pods", status=True, short=("po",), extra=frozenset({"eviction"})),
     _rt("v1", "Service", "services", status=True, short=("svc",)),
     _rt("v1", "ConfigMap", "configmaps", short=("cm",)),
     _rt("v1", "Secret", "secrets"),
@@ -92,6 +94,7 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
     _rt("apps/v1", "DaemonSet", "daemonsets", status=True, short=("ds",)),
     _rt("batch/v1", "Job", "jobs", status=True),
     _rt("batch/v1", "CronJob", "cronjobs", status=True, short=("cj",)),
+    _rt("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", status=True, short=("pdb",)),
     _rt("networking.k8s.io/v1", "Ingress", "ingresses", status=True, short=("ing",)),
     _rt("rbac.authorization.k8s.io/v1", "Role", "roles"),
     _rt("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),

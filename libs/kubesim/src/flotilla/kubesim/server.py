@@ -12,15 +12,12 @@ starts.
 
 Deliberately absent (a request for them gets a 4xx Status, never a silent success):
 `dryRun`, pods' `binding`/`log`/`exec`, `/openapi`, aggregated discovery and Table
-output. `limit`/`continue` pages are read from live data (not from a snapshot at the
-first page's resourceVersion), which is enough for clients that list then watch.
+output. `limit`/`continue` pages are one consistent snapshot (see `pagination`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 import logging
 import os
@@ -35,6 +32,7 @@ import yaml
 from aiohttp import web
 
 from flotilla.kubesim import apply as ssa
+from flotilla.kubesim import events, eviction, pagination, protobuf
 from flotilla.kubesim import patch as patches
 from flotilla.kubesim.errors import ApiError, bad_request, reason_for
 from flotilla.kubesim.resources import ResourceType
@@ -67,6 +65,7 @@ KUBERNETES_VERSION = {
 _VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 _JSON_TYPES = ("application/json", "*/*")
 _YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
+_BODY_TYPES = (*_JSON_TYPES, *_YAML_TYPES, protobuf.MEDIA_TYPE)
 # Upstream returns the deleted object for these; a Status for everything else.
 _RETURNS_DELETED = frozenset({("", "Pod"), ("", "Namespace")})
 _UNAUTHENTICATED = frozenset({"/healthz", "/livez", "/readyz"})
@@ -125,34 +124,6 @@ def _bool_param(value: str | None) -> bool:
     return value is not None and value.lower() in ("true", "1")
 
 
-def _int_param(query: Mapping[str, str], name: str) -> int | None:
-    value = query.get(name)
-    if value in (None, ""):
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise bad_request(f"{name} must be an integer, got {value!r}") from None
-
-
-def _encode_continue(rv: int, key: tuple[str, str]) -> str:
-    raw = json.dumps({"rv": rv, "start": list(key)}).encode()
-    return base64.urlsafe_b64encode(raw).decode()
-
-
-def _decode_continue(token: str) -> tuple[int, tuple[str, str]]:
-    try:
-        data = json.loads(base64.urlsafe_b64decode(token.encode()))
-        return int(data["rv"]), (str(data["start"][0]), str(data["start"][1]))
-    except (ValueError, KeyError, IndexError, TypeError, binascii.Error):
-        raise bad_request("invalid continue token") from None
-
-
-def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
-    meta = obj["metadata"]
-    return (meta.get("namespace") or "", meta["name"])
-
-
 def _get_path(obj: Any, path: str) -> Any:
     """The value at a `.spec.replicas`-style path, or None."""
     current = obj
@@ -191,6 +162,7 @@ class KubeSim:
         watch_window: int = 1000,
         host: str = "127.0.0.1",
         bookmark_interval: float = 60.0,
+        event_ttl: float = events.DEFAULT_TTL_SECONDS,
     ) -> None:
         self.name = name
         self.port = port
@@ -198,6 +170,7 @@ class KubeSim:
         self.hub = hub
         self.token = token or secrets.token_urlsafe(24)
         self.store = Store(watch_window=watch_window)
+        self.event_expiry = events.Expiry(self.store, event_ttl)
         self.url = ""
         self.bookmark_interval = bookmark_interval
         self.simulator: Simulator | None = None
@@ -231,6 +204,7 @@ class KubeSim:
             self.port = int(runner.addresses[0][1])
             self.url = f"http://{self.host}:{self.port}"
             self._runner = runner
+            self.event_expiry.start()
             if self.simulator is not None:
                 await self.simulator.start()
         except BaseException:
@@ -243,6 +217,7 @@ class KubeSim:
     async def stop(self) -> None:
         runner, self._runner = self._runner, None
         self._watches.close_all("server stopping")
+        await self.event_expiry.stop()
         if self.simulator is not None:
             await self.simulator.stop()
         if runner is not None:
@@ -359,7 +334,7 @@ class KubeSim:
                         "ServiceUnavailable",
                         f"kubesim {self.name} is in a simulated outage",
                     )
-            return await handler(request)
+            return protobuf.negotiated(request.headers.get("Accept"), await handler(request))
         except ApiError as error:
             return _status_response(error)
         except web.HTTPException as exc:
@@ -431,18 +406,21 @@ class KubeSim:
         try:
             if content_type in _YAML_TYPES or content_type == patches.APPLY_PATCH:
                 return yaml.load(raw, Loader=_YamlLoader)  # noqa: S506 - a safe loader
+            if content_type == protobuf.MEDIA_TYPE:
+                return protobuf.decode(raw)
             return json.loads(raw)
         except (ValueError, yaml.YAMLError) as exc:
             raise bad_request(f"the request body could not be decoded: {exc}") from exc
 
     async def _read_object(self, request: web.Request, rt: ResourceType) -> dict[str, Any]:
         content_type = self._content_type(request)
-        if content_type not in _JSON_TYPES and content_type not in _YAML_TYPES:
+        if content_type not in _BODY_TYPES:
             raise ApiError(
                 415,
                 "UnsupportedMediaType",
                 f"the body of the request was in an unknown format - accepted media types "
-                f"include: application/json, application/yaml (got {content_type!r})",
+                f"include: application/json, application/yaml, {protobuf.MEDIA_TYPE} "
+                f"(got {content_type!r})",
             )
         obj = self._decode(await self._read_body(request), content_type)
         return self._check_object(obj, rt)
@@ -539,6 +517,12 @@ class KubeSim:
             return await self._watch(request, rt, namespace)
         elif subresource == "scale" and method in ("GET", "PUT", "PATCH"):
             return await self._scale(request, rt, namespace, name)
+        elif subresource == "eviction" and namespace is not None:
+            if method != "POST":
+                raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on evictions")
+            body = self._decode(await self._read_body(request), self._content_type(request))
+            pdb_rt = self.store.resource_type("policy/v1", "PodDisruptionBudget")
+            return _json(eviction.evict(self.store, rt, pdb_rt, namespace, name, body), 201)
         elif method == "GET":
             return _json(_versioned(rt, self.store.get_frozen(rt, namespace, name)))
         elif method == "PUT":
@@ -605,6 +589,8 @@ class KubeSim:
                         "verbs": ["get", "patch", "update"],
                     }
                 )
+            if "eviction" in rt.subresources:
+                entries.append(eviction.DISCOVERY)
             if "scale" in rt.subresources:
                 entries.append(
                     {
@@ -627,21 +613,7 @@ class KubeSim:
     # -- list and watch ------------------------------------------------------------------
 
     def _list(self, request: web.Request, rt: ResourceType, namespace: str | None) -> web.Response:
-        query = request.query
-        items, rv = self.store.list_frozen(
-            rt, namespace, query.get("labelSelector"), query.get("fieldSelector")
-        )
-        token = query.get("continue")
-        if token:
-            rv, start = _decode_continue(token)
-            items = [obj for obj in items if _key(obj) > start]
-        metadata: dict[str, Any] = {"resourceVersion": str(rv)}
-        limit = _int_param(query, "limit")
-        if limit is not None and limit > 0 and len(items) > limit:
-            remaining = len(items) - limit
-            items = items[:limit]
-            metadata["continue"] = _encode_continue(rv, _key(items[-1]))
-            metadata["remainingItemCount"] = remaining
+        items, metadata = pagination.page(self.store, rt, namespace, request.query)
         body = {
             "kind": rt.list_kind,
             "apiVersion": rt.api_version,
@@ -659,9 +631,9 @@ class KubeSim:
             rt,
             namespace,
             parse_label_selector(label_selector),
-            parse_field_selector(field_selector),
+            parse_field_selector(events.field_selector(rt.api_version, rt.kind, field_selector)),
         )
-        timeout = _int_param(query, "timeoutSeconds")
+        timeout = pagination.int_param(query, "timeoutSeconds")
         bookmarks = _bool_param(query.get("allowWatchBookmarks"))
         since = query.get("resourceVersion")
         api_version = rt.api_version if rt.custom else None
@@ -926,7 +898,7 @@ class KubeSim:
         content_type = self._content_type(request)
         body = self._decode(await self._read_body(request), content_type)
         if request.method == "PUT":
-            if content_type not in _JSON_TYPES and content_type not in _YAML_TYPES:
+            if content_type not in _BODY_TYPES:
                 raise ApiError(415, "UnsupportedMediaType", f"unsupported {content_type!r}")
             wanted = body
         elif content_type == patches.MERGE_PATCH and isinstance(body, dict):
@@ -959,7 +931,10 @@ class KubeSim:
         options: dict[str, Any] = {}
         raw = await self._read_body(request)
         if raw.strip():
-            decoded = self._decode(raw, "application/json")
+            content_type = self._content_type(request)
+            if content_type != protobuf.MEDIA_TYPE:
+                content_type = "application/json"
+            decoded = self._decode(raw, content_type)
             if not isinstance(decoded, dict):
                 raise bad_request("DeleteOptions must be a JSON object")
             options = decoded

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from flotilla.kubesim import errors, resources
+from flotilla.kubesim import errors, events, resources
 from flotilla.kubesim import schema as crd_schema
 from flotilla.kubesim.errors import ApiError
 from flotilla.kubesim.resources import ResourceType
@@ -101,6 +101,21 @@ class WatchRecord:
 Listener = Callable[[StoreEvent], None]
 Objects = list[dict[str, Any]]
 RecordListener = Callable[[WatchRecord], None]
+Convert = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class View:
+    """A resource served from another's objects through a field mapping (upstream's
+    events.k8s.io/v1 Events are the core/v1 Events)."""
+
+    base: ResourceType
+    to_view: Convert
+    to_base: Convert
+
+    def record(self, record: WatchRecord) -> WatchRecord:
+        old = self.to_view(record.old) if record.old is not None else None
+        return WatchRecord(record.type, self.to_view(record.object), old, record.resource_version)
 
 
 class _TypeState:
@@ -199,6 +214,11 @@ class Store:
         self._service_ips = 0
         self._schemas: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._scales: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._views = {
+            _storage_key(self.resource_type(*events.EVENTS_V1)): View(
+                self.resource_type(*events.CORE), events.to_events_v1, events.to_core
+            )
+        }
         for name in DEFAULT_NAMESPACES:
             self.create(resources.NAMESPACE, {"metadata": {"name": name}})
 
@@ -212,6 +232,8 @@ class Store:
         return self.registry.by_kind(api_version, kind)
 
     def count(self, rt: ResourceType) -> int:
+        if (view := self._view(rt)) is not None:
+            return self.count(view.base)
         return self._state(rt).count
 
     def counts(self) -> dict[str, int]:
@@ -258,11 +280,21 @@ class Store:
 
     # -- reads -------------------------------------------------------------------------
 
+    def _view(self, rt: ResourceType) -> View | None:
+        view = self._views.get(_storage_key(rt))
+        if view is not None:
+            self._check_served(rt)
+        return view
+
     def get(self, rt: ResourceType, namespace: str | None, name: str) -> dict[str, Any]:
+        if (view := self._view(rt)) is not None:
+            return view.to_view(self.get(view.base, namespace, name))
         return self._versioned(rt, self._find(rt, namespace, name))
 
     def get_frozen(self, rt: ResourceType, namespace: str | None, name: str) -> dict[str, Any]:
         """The stored object itself, for serializing only. Never mutate the result."""
+        if (view := self._view(rt)) is not None:
+            return view.to_view(self._find(view.base, namespace, name))
         return self._find(rt, namespace, name)
 
     def list(
@@ -281,16 +313,38 @@ class Store:
         namespace: str | None = None,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        *,
+        at: int | None = None,
     ) -> tuple[Objects, int]:
-        """Stored objects sorted by (namespace, name); never mutate them."""
+        """Stored objects sorted by (namespace, name); never mutate them.
+
+        With `at`, the objects as they were at that resourceVersion, rebuilt by undoing
+        the retained history after it (410 Expired once that history is gone).
+        """
         self._check_served(rt)
         match_labels = parse_label_selector(label_selector)
-        match_fields = parse_field_selector(field_selector)
+        match_fields = parse_field_selector(
+            events.field_selector(rt.api_version, rt.kind, field_selector)
+        )
+        if (view := self._view(rt)) is not None:
+            base, rv = self.list_frozen(view.base, namespace, at=at)
+            shown = [view.to_view(obj) for obj in base]
+            return [
+                obj
+                for obj in shown
+                if (match_labels is None or match_labels(labels_of(obj)))
+                and (match_fields is None or match_fields(obj))
+            ], rv
         state = self._state(rt)
-        if rt.namespaced and namespace:
-            buckets = [state.objects.get(namespace, {})]
+        if at is not None and at < self._rv:
+            objects = self._objects_at(rt, state, at)
         else:
-            buckets = [state.objects[ns] for ns in sorted(state.objects)]
+            objects = state.objects
+            at = self._rv
+        if rt.namespaced and namespace:
+            buckets = [objects.get(namespace, {})]
+        else:
+            buckets = [objects[ns] for ns in sorted(objects)]
         items: Objects = []
         for bucket in buckets:
             for name in sorted(bucket):
@@ -300,16 +354,48 @@ class Store:
                 if match_fields is not None and not match_fields(obj):
                     continue
                 items.append(obj)
-        return items, self._rv
+        return items, at
+
+    def _objects_at(
+        self, rt: ResourceType, state: _TypeState, resource_version: int
+    ) -> dict[str, dict[str, dict[str, Any]]]:
+        """The type's objects (namespace -> name -> object) as of `resource_version`."""
+        before: dict[tuple[str, str], dict[str, Any] | None] = {}
+        # Newest first, so the state before the oldest later change is what remains.
+        for record in reversed(self.history_since(rt, resource_version)):
+            meta = record.object["metadata"]
+            key = (self._ns(rt, meta.get("namespace")), meta["name"])
+            before[key] = None if record.type == "ADDED" else record.old
+        if not before:
+            return state.objects
+        objects = {
+            ns: {name: obj for name, obj in bucket.items() if (ns, name) not in before}
+            for ns, bucket in state.objects.items()
+        }
+        for (ns, name), obj in before.items():
+            if obj is not None:
+                objects.setdefault(ns, {})[name] = obj
+        return objects
 
     def iter_frozen(self, rt: ResourceType) -> Iterator[dict[str, Any]]:
         """Every stored object of a type, unsorted; never mutate them."""
+        if (view := self._view(rt)) is not None:
+            yield from (view.to_view(obj) for obj in self.iter_frozen(view.base))
+            return
         for bucket in self._state(rt).objects.values():
             yield from bucket.values()
 
     # -- history and listeners -------------------------------------------------------
 
     def add_listener(self, rt: ResourceType, callback: Listener) -> Callable[[], None]:
+        if (view := self._view(rt)) is not None:
+            convert = view.to_view
+            return self.add_listener(
+                view.base,
+                lambda event: callback(
+                    StoreEvent(event.type, convert(event.object), event.resource_version)
+                ),
+            )
         listeners = self._state(rt).listeners
         listeners.append(callback)
 
@@ -321,6 +407,9 @@ class Store:
 
     def add_record_listener(self, rt: ResourceType, callback: RecordListener) -> Callable[[], None]:
         """Like `add_listener` but with the shared, read-only `WatchRecord` (for watches)."""
+        if (view := self._view(rt)) is not None:
+            shown = view.record
+            return self.add_record_listener(view.base, lambda record: callback(shown(record)))
         listeners = self._state(rt).record_listeners
         listeners.append(callback)
 
@@ -332,6 +421,8 @@ class Store:
 
     def history_since(self, rt: ResourceType, resource_version: int) -> builtins.list[WatchRecord]:
         """Retained events after `resource_version`; 410 Expired if some were dropped."""
+        if (view := self._view(rt)) is not None:
+            return [view.record(r) for r in self.history_since(view.base, resource_version)]
         state = self._state(rt)
         if resource_version < state.expired_rv:
             raise ApiError(
@@ -366,11 +457,21 @@ class Store:
 
     # -- create ------------------------------------------------------------------------
 
-    def create(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+    def create(
+        self, rt: ResourceType, obj: dict[str, Any], *, owned: bool = False
+    ) -> dict[str, Any]:
+        """Store a new object; returns a copy of what was stored.
+
+        `owned=True` hands `obj` over instead (no copy in, and the stored object itself
+        out, which the caller must not mutate): for writers like the Event recorder that
+        build a fresh dict per object and never look at it again.
+        """
         self._check_served(rt)
         if not isinstance(obj, dict):
             raise errors.bad_request("object must be a JSON object")
-        new: dict[str, Any] = clone(obj)
+        if (view := self._view(rt)) is not None:
+            return view.to_view(self.create(view.base, view.to_base(obj)))
+        new: dict[str, Any] = obj if owned else clone(obj)
         new["apiVersion"] = rt.api_version
         new["kind"] = rt.kind
         meta = _meta(new)
@@ -405,7 +506,7 @@ class Store:
             self._register_crd(new)
         self._put(rt, state, ns, new, None)
         self._emit(rt, "ADDED", new, None)
-        return self._versioned(rt, new)
+        return new if owned else self._versioned(rt, new)
 
     def _validate(self, rt: ResourceType, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
@@ -607,6 +708,9 @@ class Store:
         self._check_served(rt)
         if not isinstance(obj, dict):
             raise errors.bad_request("object must be a JSON object")
+        if (view := self._view(rt)) is not None:
+            updated = self.update(view.base, view.to_base(obj), subresource=subresource)
+            return view.to_view(updated)
         meta_in = obj.get("metadata") or {}
         name = meta_in.get("name")
         if not name:
@@ -747,6 +851,11 @@ class Store:
         preconditions: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Delete (or start deleting) an object; returns its last or terminating state."""
+        if (view := self._view(rt)) is not None:
+            deleted = self.delete(
+                view.base, namespace, name, propagation=propagation, preconditions=preconditions
+            )
+            return view.to_view(deleted)
         if propagation not in PROPAGATIONS:
             raise errors.bad_request(
                 f"propagationPolicy {propagation!r} is not one of {', '.join(PROPAGATIONS)}"

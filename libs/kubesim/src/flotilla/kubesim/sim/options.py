@@ -19,3 +19,5 @@ class SimOptions:
     job_seconds: float = 2.0
     # Lease renewal period; upstream kubelets renew every 10 s.
     heartbeat_seconds: float = 10.0
+    # Record the Events a real cluster's scheduler, kubelets and controllers write.
+    record_events: bool = True

@@ -16,12 +16,21 @@ import json
 import logging
 import time
 from collections.abc import Callable, Coroutine, Hashable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
 from flotilla.kubesim.errors import ApiError
-from flotilla.kubesim.sim import controllers, http, nodes, pods, scheduling
+from flotilla.kubesim.sim import (
+    controllers,
+    cronjobs,
+    disruption,
+    http,
+    nodes,
+    pods,
+    recorder,
+    scheduling,
+)
 from flotilla.kubesim.sim.options import SimOptions
 from flotilla.kubesim.sim.queues import BATCH_SECONDS, TimerHeap, WorkQueue
 from flotilla.kubesim.sim.scheduling import PodSchedulingSpec
@@ -51,6 +60,8 @@ _TYPES = {
     "StatefulSet": "apps/v1",
     "DaemonSet": "apps/v1",
     "Job": "batch/v1",
+    "PodDisruptionBudget": "policy/v1",
+    "CronJob": "batch/v1",
 }
 _RETRY_SECONDS = 1.0
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
@@ -79,6 +90,14 @@ def with_default_tolerations(tolerations: list[dict[str, Any]]) -> list[dict[str
 _GATED = "SchedulingGated"
 
 
+class Reconciler(Protocol):
+    """A controller: level-triggered reconcile of one object of its kind."""
+
+    kind: str
+
+    def reconcile(self, key: Key) -> None: ...
+
+
 class Simulator:
     """Nodes, kubelets, scheduler and workload controllers of one simulated cluster."""
 
@@ -94,7 +113,14 @@ class Simulator:
             self.types,
             self._requeue_after,
         )
-        self.controllers = {c.kind: c(self.ctx) for c in controllers.CONTROLLERS}
+        self.controllers: dict[str, Reconciler] = {
+            c.kind: c(self.ctx) for c in controllers.CONTROLLERS
+        }
+        self.recorder = recorder.Recorder(store, self._owner_alive, self._busy)
+        self.budgets = disruption.DisruptionController(self.ctx)
+        self.controllers[self.budgets.kind] = self.budgets
+        self.cronjobs = cronjobs.CronJobController(self.ctx, self.recorder.record)
+        self.controllers[self.cronjobs.kind] = self.cronjobs
         self.queues: dict[str, WorkQueue[Key]] = {kind: WorkQueue() for kind in self.controllers}
         self.scheduler_queue: WorkQueue[Key] = WorkQueue()
         self.janitor_queue: WorkQueue[Key] = WorkQueue()
@@ -132,6 +158,14 @@ class Simulator:
             items, rv = self.store.list(self.types[kind])
             for item in items:
                 listener(StoreEvent("ADDED", item, rv))
+        observers = (
+            ("Pod", self.recorder.observe_pod),
+            ("ReplicaSet", self.recorder.observe_replicaset),
+            ("Job", self.recorder.observe_job),
+            ("Node", self.recorder.observe_node),
+        )
+        for kind, observe in observers if self.options.record_events else ():
+            self._unsubscribe.append(self.store.add_record_listener(self.types[kind], observe))
         existing = len(self.state.nodes)
         self._node_index = existing
         if self.options.nodes > existing:
@@ -144,6 +178,7 @@ class Simulator:
         loops.append(("janitor", self._queue_loop(self.janitor_queue, self._tidy_pod)))
         loops.append(("kubelet", self._timer_loop))
         loops.append(("heartbeat", self._heartbeat_loop))
+        loops.append(("events", self.recorder.run))
         for name, factory in loops:
             self._tasks.append(asyncio.create_task(self._guarded(name, factory), name=name))
 
@@ -291,6 +326,7 @@ class Simulator:
                 self.timers.cancel((action, *key))
             if removed is not None:
                 self._enqueue_owner(removed)
+                self._enqueue_budgets(key[0])
             if freed:
                 self._retry_unschedulable()
             return
@@ -355,6 +391,7 @@ class Simulator:
             self.scheduler_queue.add(key)
         if changed:
             self._enqueue_owner(record)
+            self._enqueue_budgets(key[0])
 
     def _kubelet_next(self, record: PodRecord) -> None:
         """Arm the kubelet timer for what happens next to a pod on a known node."""
@@ -373,6 +410,18 @@ class Simulator:
         except (ValueError, TypeError, AttributeError):
             # A pod the real scheduler would reject at validation; never fits anywhere.
             return PodSchedulingSpec(requests={"pods": 1, "kubesim.flotilla.io/invalid": 1})
+
+    def _busy(self) -> bool:
+        """Whether any controller, the scheduler or the janitor has work queued."""
+        return any(self.queues.values()) or bool(self.scheduler_queue) or bool(self.janitor_queue)
+
+    def _owner_alive(self, kind: str, namespace: str, name: str) -> bool:
+        owner = self.state.cache(kind).get((namespace, name))
+        return owner is not None and not owner["metadata"].get("deletionTimestamp")
+
+    def _enqueue_budgets(self, namespace: str) -> None:
+        for budget in self.budgets.budgets_in(namespace):
+            self.queues[self.budgets.kind].add(budget)
 
     def _enqueue_owner(self, record: PodRecord) -> None:
         if record.owner_kind in self.queues and record.owner_name:
