@@ -212,7 +212,9 @@ class PlacementDecided(Payload):
 class WorkRendered(Payload):
     """The transformer rendered the manifest for one (object, cluster) pair.
 
-    `manifest` is None when the work must be removed from that cluster.
+    `manifest` is None when the work must be removed from that cluster. `ref` is
+    the object the manifest is (a user object, or an ``as-needed`` dependency of
+    one); the event's key is `work_key` (per work, ordered).
     """
 
     type: Literal["WorkRendered"] = "WorkRendered"
@@ -221,6 +223,16 @@ class WorkRendered(Payload):
     decision_id: str
     manifest: JsonObject | None
     state: WorkState = WorkState.ACTIVE
+    dependency_of: list[ObjectRef] = Field(
+        default_factory=list,
+        description="for an as-needed dependency: the placed objects on this cluster "
+        "that need it (empty for a user object's own work)",
+    )
+
+
+def work_key(ref: ObjectRef, cluster: str) -> str:
+    """The bus key of one (object, cluster) work: its events are handled in order."""
+    return f"{ref.key}@{cluster}"
 
 
 class MemberStatusObserved(Payload):
@@ -231,7 +243,20 @@ class MemberStatusObserved(Payload):
     cluster: str
     exists: bool = True
     status: JsonObject = Field(default_factory=dict)
-    observed_generation: int | None = None
+    observed_generation: int | None = Field(
+        default=None, description="the member status's observedGeneration"
+    )
+    generation: int | None = Field(
+        default=None, description="the member object's metadata.generation"
+    )
+    hub_generation: int | None = Field(
+        default=None, description="the hub generation the applied work was rendered from"
+    )
+    ready: bool | None = Field(
+        default=None,
+        description="whether the member copy is available (per its kind), None when unknown",
+    )
+    decision_id: str = ""
 
 
 class CapacityChanged(Payload):
@@ -257,6 +282,11 @@ class RescheduleRequested(Payload):
     ref: ObjectRef
     reason: str
     avoid_clusters: list[str] = Field(default_factory=list)
+    release_retiring: list[str] = Field(
+        default_factory=list,
+        description="clusters whose Retiring copy may now be removed (make-before-break "
+        "done: the new copies are ready), sent by the drain coordinator",
+    )
 
 
 AnyPayload = (
