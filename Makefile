@@ -33,7 +33,7 @@ lint: bootstrap
 	$(VENV)/bin/ruff format --check .
 
 typecheck: bootstrap
-	$(VENV)/bin/mypy libs/common/src libs/kubesim/src $(wildcard services/*/src) bench
+	$(VENV)/bin/mypy libs/common/src libs/kubesim/src libs/cli/src $(wildcard services/*/src) bench
 
 imports: bootstrap
 	$(VENV)/bin/lint-imports
