@@ -649,20 +649,27 @@ def demo(ctx: click.Context, keep: bool) -> None:
         raise CliError("the demo scenario did not hold (see above)")
 
 
-def main() -> None:
-    """The console script: one line and exit 1 for a user's mistake, never a traceback."""
+def run_cli(argv: list[str] | None = None) -> int:
+    """Run one command; its exit code. A user's mistake is one ``error:`` line on
+    stderr and exit code 1, never a traceback."""
     try:
-        cli.main(standalone_mode=False)
+        cli.main(args=argv, prog_name="flotilla", standalone_mode=False)
     except click.exceptions.Abort:
-        sys.exit(130)
+        return 130
     except click.ClickException as exc:
         exc.show()
-        sys.exit(exc.exit_code)
+        return exc.exit_code
     except (CliError, FlotillaError, api.InvalidObjectError) as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        return 1
     except KeyboardInterrupt:
-        sys.exit(130)
+        return 130
     except (ApiException, aiohttp.ClientError, OSError) as exc:
         click.echo(f"error: {kube.translate(exc)}", err=True)
-        sys.exit(1)
+        return 1
+    return 0
+
+
+def main() -> None:
+    """The console script."""
+    sys.exit(run_cli())
