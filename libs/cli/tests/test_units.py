@@ -291,3 +291,25 @@ def test_more_members_get_their_own_regions() -> None:
     assert len({labels["region"] for labels in members.values()}) == 5
     with pytest.raises(CliError, match="--clusters"):
         environment.up(Path("/nonexistent"), 0)
+
+
+def test_an_installation_not_started_by_up_is_described_by_its_variables() -> None:
+    assert environment.from_variables({}) is None
+    env = environment.from_variables(
+        {"FLOTILLA_HUB_KUBECONFIG": "/kube/hub.yaml", "FLOTILLA_NATS_URL": "nats://nats:4222"}
+    )
+    assert env is not None and env.hub.kubeconfig == "/kube/hub.yaml"
+    assert env.nats_url == "nats://nats:4222" and env.processes()[-1][0] == "hub"
+
+
+def test_a_kubeconfig_is_rewritten_to_reach_its_server_by_name(tmp_path: Path) -> None:
+    source = tmp_path / "hub.yaml"
+    source.write_text(
+        yaml.safe_dump(
+            {"clusters": [{"name": "hub", "cluster": {"server": "http://0.0.0.0:6443"}}]}
+        )
+    )
+    target = environment.reachable_as(source, "hub", tmp_path / "out.yaml")
+    assert yaml.safe_load(target.read_text())["clusters"][0]["cluster"]["server"] == (
+        "http://hub:6443"
+    )

@@ -30,7 +30,7 @@ from flotilla.cli.errors import CliError
 from flotilla.cli.hub import CLUSTER_API, Hub, age, condition, is_true, manifests, now_rfc3339
 from flotilla.common import api, events, kube
 from flotilla.common.errors import FlotillaError
-from flotilla.common.rediscapacity import RedisCapacityCache
+from flotilla.common.rediscapacity import DEFAULT_PREFIX, RedisCapacityCache
 
 T = TypeVar("T")
 console = Console(highlight=False, soft_wrap=True)
@@ -131,6 +131,61 @@ def status(ctx: click.Context) -> None:
     click.echo(table.render())
     if not healthy:
         raise CliError("some processes are not running or not ready")
+
+
+@cli.command()
+@click.option("--hub", "hub_kubeconfig", required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--member",
+    "members",
+    multiple=True,
+    required=True,
+    metavar="NAME=KUBECONFIG",
+    help="a member cluster to register (repeatable)",
+)
+@click.option(
+    "--host-from-name",
+    is_flag=True,
+    help="reach each API server under its cluster's name (a compose service)",
+)
+@click.option("--mark-ready", is_flag=True, help="write capacity and Ready (no syncer)")
+@click.option("--redis-url", envvar="FLOTILLA_REDIS_URL", default="redis://127.0.0.1:6379/0")
+def register(
+    hub_kubeconfig: Path,
+    members: tuple[str, ...],
+    host_from_name: bool,
+    mark_ready: bool,
+    redis_url: str,
+) -> None:
+    """Install the CRDs on a hub and register member clusters (outside `flotilla up`)."""
+    found: dict[str, tuple[Path, dict[str, str]]] = {}
+    for member in members:
+        name, sep, path = member.partition("=")
+        if not sep or not name or not path:
+            raise CliError(f"expected NAME=KUBECONFIG, got {member!r}")
+        kubeconfig = Path(path)
+        if not kubeconfig.exists():
+            raise CliError(f"{kubeconfig}: no such file")
+        if host_from_name:
+            kubeconfig = environment.reachable_as(
+                kubeconfig, name, kubeconfig.with_suffix(".reachable.yaml")
+            )
+        labels = dict(environment.MEMBERS.get(name, {"region": name}))
+        found[name] = (kubeconfig, labels)
+    if host_from_name:
+        hub_kubeconfig = environment.reachable_as(
+            hub_kubeconfig, "hub", hub_kubeconfig.with_suffix(".reachable.yaml")
+        )
+    run(
+        environment.register(
+            hub_kubeconfig,
+            found,
+            redis_url=redis_url,
+            capacity_prefix=DEFAULT_PREFIX,
+            mark_ready=mark_ready,
+        )
+    )
+    click.echo(f"registered {', '.join(found)} on {hub_kubeconfig}")
 
 
 # --- objects on the hub ------------------------------------------------------------------

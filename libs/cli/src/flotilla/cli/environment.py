@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -53,7 +54,9 @@ from flotilla.common.infra import InfraError, NatsServer, RedisServer, free_port
 from flotilla.common.rediscapacity import DEFAULT_PREFIX, RedisCapacityCache
 
 REPO = Path(__file__).resolve().parents[5]
-CRD_DIR = REPO / "deploy" / "k8s" / "crds"
+CRD_DIR = Path(os.environ.get("FLOTILLA_CRD_DIR") or REPO / "deploy" / "k8s" / "crds")
+"""The CRDs a hub gets (``FLOTILLA_CRD_DIR`` where the repository is not at hand,
+as in the container image)."""
 
 SERVICES = ("watcher", "depdetector", "scheduler", "transformer", "syncer", "aggregator", "drain")
 """Every Flotilla service, in start order."""
@@ -166,11 +169,32 @@ def load(state_dir: Path) -> EnvFile:
     """The running environment's description, or a `CliError` saying how to start one."""
     path = env_path(state_dir)
     if not path.exists():
+        installed = from_variables(os.environ)
+        if installed is not None:
+            return installed
         raise CliError(f"no Flotilla environment in {state_dir} (start one with `flotilla up`)")
     try:
         return EnvFile.model_validate_json(path.read_text())
     except ValueError as exc:
         raise CliError(f"{path} is not a Flotilla environment file: {exc}") from None
+
+
+def from_variables(environ: Mapping[str, str]) -> EnvFile | None:
+    """An installation `up` did not start (compose, Kubernetes), described by the
+    services' own ``FLOTILLA_*`` variables; None without a hub kubeconfig."""
+    hub = environ.get("FLOTILLA_HUB_KUBECONFIG")
+    if not hub:
+        return None
+    return EnvFile(
+        nats_url=environ.get("FLOTILLA_NATS_URL", "nats://127.0.0.1:4222"),
+        redis_url=environ.get("FLOTILLA_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        hub=HubInfo(pid=0, kubeconfig=hub),
+        clusters={},
+        services={},
+        kubeconfig=hub,
+        stream_prefix=environ.get("FLOTILLA_STREAM_PREFIX", STREAM_PREFIX),
+        capacity_prefix=environ.get("FLOTILLA_CAPACITY_PREFIX", DEFAULT_PREFIX),
+    )
 
 
 def save(state_dir: Path, env: EnvFile) -> None:
@@ -484,7 +508,8 @@ async def register(
     cache = RedisCapacityCache.from_url(redis_url, prefix=capacity_prefix)
     try:
         async with api, DynamicClient(api) as dyn:
-            await kube.install_crds(api, CRD_DIR.glob("*.yaml"))
+            crds = await asyncio.to_thread(lambda: sorted(CRD_DIR.glob("*.yaml")))
+            await kube.install_crds(api, crds)
             core = k8s.CoreV1Api(api)
             with contextlib.suppress(ApiException):
                 namespace: Any = {"metadata": {"name": system_namespace}}
@@ -543,6 +568,21 @@ def member_capacity(name: str, *, gpu: bool) -> capacity.ClusterCapacity:
     return capacity.ClusterCapacity(
         cluster=name, allocatable=total, available=total, nodes=nodes, observed_at=time.time()
     )
+
+
+def reachable_as(kubeconfig: Path, host: str, target: Path) -> Path:
+    """A copy of `kubeconfig` whose server is reached under `host` (a container's name
+    on a compose network) instead of the address the server bound to."""
+    document = yaml.safe_load(kubeconfig.read_text())
+    for entry in document.get("clusters") or []:
+        server = urllib.parse.urlsplit(entry["cluster"]["server"])
+        port = f":{server.port}" if server.port else ""
+        entry["cluster"]["server"] = urllib.parse.urlunsplit(
+            (server.scheme, f"{host}{port}", server.path, "", "")
+        )
+    target.write_text(yaml.safe_dump(document, sort_keys=False))
+    os.chmod(target, 0o600)
+    return target
 
 
 def down(state_dir: Path) -> list[str]:
