@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from flotilla.cli import commands, demo, environment, hub, replay, stream
+from flotilla.cli import commands, demo, environment, hub, reference, replay, stream
 from flotilla.cli.errors import CliError
 from flotilla.common import api, capacity, events
 from flotilla.common.dispatch import ReplayedEvent
@@ -313,3 +313,16 @@ def test_a_kubeconfig_is_rewritten_to_reach_its_server_by_name(tmp_path: Path) -
     assert yaml.safe_load(target.read_text())["clusters"][0]["cluster"]["server"] == (
         "http://hub:6443"
     )
+
+
+def test_the_reference_pages_are_generated_from_the_code_and_current() -> None:
+    assert reference.main(["--check"]) == 0, "run `python -m flotilla.cli.reference`"
+    page = reference.api_reference()
+    for crd in environment.CRD_DIR.glob("*.yaml"):
+        kind = yaml.safe_load(crd.read_text())["spec"]["names"]["kind"]
+        assert f"## {kind} (flotilla.io/" in page
+    for annotation in reference.ANNOTATIONS:
+        assert f"`{annotation}`" in page
+    assert "`spec.unschedulable` | boolean" in page
+    settings = reference.configuration_reference()
+    assert "`FLOTILLA_RESERVATION_TTL`" in settings and "`FLOTILLA_NATS_URL`" in settings
