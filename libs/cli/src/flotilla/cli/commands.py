@@ -191,36 +191,37 @@ def register(
 # --- objects on the hub ------------------------------------------------------------------
 
 
+FILENAME = click.option("-f", "--filename", "path", required=True, type=click.Path(path_type=Path))
+
+
+def _each_manifest(ctx: click.Context, path: Path, *, deleting: bool) -> None:
+    """Apply (in file order) or delete (in reverse) every object in `path`."""
+    found = manifests(path)
+    env = env_of(ctx)
+
+    async def go() -> None:
+        async with Hub.open(env.hub.kubeconfig) as hub:
+            for manifest in reversed(found) if deleting else found:
+                action = hub.delete if deleting else hub.apply
+                click.echo(await action(manifest.body))
+
+    run(go())
+
+
 @cli.command()
-@click.option("-f", "--filename", "path", required=True, type=click.Path(path_type=Path))
+@FILENAME
 @click.pass_context
 def apply(ctx: click.Context, path: Path) -> None:
     """Create or update the objects in FILE or DIR on the hub."""
-    found = manifests(path)
-    env = env_of(ctx)
-
-    async def go() -> None:
-        async with Hub.open(env.hub.kubeconfig) as hub:
-            for manifest in found:
-                click.echo(await hub.apply(manifest.body))
-
-    run(go())
+    _each_manifest(ctx, path, deleting=False)
 
 
 @cli.command()
-@click.option("-f", "--filename", "path", required=True, type=click.Path(path_type=Path))
+@FILENAME
 @click.pass_context
 def delete(ctx: click.Context, path: Path) -> None:
     """Delete the objects in FILE or DIR from the hub."""
-    found = manifests(path)
-    env = env_of(ctx)
-
-    async def go() -> None:
-        async with Hub.open(env.hub.kubeconfig) as hub:
-            for manifest in reversed(found):
-                click.echo(await hub.delete(manifest.body))
-
-    run(go())
+    _each_manifest(ctx, path, deleting=True)
 
 
 def _dump(items: list[Any], output: str) -> None:

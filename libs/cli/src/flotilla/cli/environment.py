@@ -492,6 +492,32 @@ def write_kubeconfig(target: Path, sources: list[Path]) -> None:
     os.replace(tmp, target)
 
 
+def member_objects(
+    name: str,
+    labels: Mapping[str, str],
+    kubeconfig: str,
+    system_namespace: str = DEFAULT_SYSTEM_NAMESPACE,
+) -> tuple[Any, dict[str, Any]]:
+    """What registers a member on the hub: its kubeconfig Secret and its `Cluster`."""
+    secret = {
+        "metadata": {"name": name, "namespace": system_namespace},
+        "stringData": {"kubeconfig": kubeconfig},
+    }
+    cluster = {
+        "apiVersion": "flotilla.io/v1alpha1",
+        "kind": "Cluster",
+        "metadata": {"name": name, "labels": dict(labels)},
+        "spec": {
+            "kubeconfigSecretRef": {
+                "namespace": system_namespace,
+                "name": name,
+                "key": "kubeconfig",
+            }
+        },
+    }
+    return secret, cluster
+
+
 async def register(
     hub_kubeconfig: Path,
     members: Mapping[str, tuple[Path, Mapping[str, str]]],
@@ -516,23 +542,9 @@ async def register(
                 await core.create_namespace(namespace)
             resource = await kube.resource_for(dyn, "flotilla.io/v1alpha1", "Cluster")
             for name, (kubeconfig, labels) in members.items():
-                secret: Any = {
-                    "metadata": {"name": name, "namespace": system_namespace},
-                    "stringData": {"kubeconfig": kubeconfig.read_text()},
-                }
+                text = await asyncio.to_thread(kubeconfig.read_text)
+                secret, cluster = member_objects(name, labels, text, system_namespace)
                 await core.create_namespaced_secret(system_namespace, secret)
-                cluster = {
-                    "apiVersion": "flotilla.io/v1alpha1",
-                    "kind": "Cluster",
-                    "metadata": {"name": name, "labels": dict(labels)},
-                    "spec": {
-                        "kubeconfigSecretRef": {
-                            "namespace": system_namespace,
-                            "name": name,
-                            "key": "kubeconfig",
-                        }
-                    },
-                }
                 created = kube.checked(await dyn.create(resource, body=cluster))
                 if mark_ready:
                     await cache.put(member_capacity(name, gpu="gpu" in labels))
@@ -555,19 +567,10 @@ async def register(
         await cache.aclose()
 
 
-def member_capacity(name: str, *, gpu: bool) -> capacity.ClusterCapacity:
+def member_capacity(name: str, *, gpu: bool, nodes: int = NODES) -> capacity.ClusterCapacity:
     """What a kubesim member started by `up` offers (its nodes as `_start` sizes them)."""
-    node = dict(NODE)
-    if gpu:
-        node[GPU] = GPUS_PER_NODE
-    nodes = [
-        capacity.NodeCapacity(name=f"{name}-n{i}", allocatable=dict(node), free=dict(node))
-        for i in range(NODES)
-    ]
-    total = capacity.add(*(n.free for n in nodes))
-    return capacity.ClusterCapacity(
-        cluster=name, allocatable=total, available=total, nodes=nodes, observed_at=time.time()
-    )
+    node = {**NODE, GPU: GPUS_PER_NODE} if gpu else dict(NODE)
+    return capacity.uniform(name, node, nodes, observed_at=time.time())
 
 
 def reachable_as(kubeconfig: Path, host: str, target: Path) -> Path:
