@@ -18,12 +18,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import yaml
 
-from flotilla.cli import commands, environment
+from flotilla.cli import commands, environment, stream
 from flotilla.common.testing import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -149,6 +150,29 @@ def test_events_filter_by_object_and_type(state: Path) -> None:
     only = inprocess(state, "events", "--type", "PlacementDecided").stdout.splitlines()
     assert only and all(" PlacementDecided " in line for line in only)
     assert any(WEB in line for line in only) and any(TRAINER in line for line in only)
+
+
+async def test_events_follow_prints_what_happens_next(
+    state: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = environment.load(state)
+    follow = asyncio.create_task(
+        commands._events(
+            env, stream.Window(since=datetime.now(UTC)), None, ("ClusterObserved",), True
+        )
+    )
+    try:
+        await polled(state, "cordon", "eu-central")
+
+        def cordoned() -> bool:
+            return "cluster eu-central" in capsys.readouterr().out
+
+        await eventually(cordoned, timeout=30, what="the cordon followed")
+    finally:
+        follow.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follow
+        await polled(state, "uncordon", "eu-central")
 
 
 def test_replay_decides_the_recorded_window_again_and_shows_a_policy_change(

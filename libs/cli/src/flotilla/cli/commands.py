@@ -524,9 +524,9 @@ async def _events(
     follow: bool,
 ) -> None:
     async with stream.connect(env.nats_url, env.stream_prefix) as bus:
-        last = 0
+        last = await stream.last_sequence(bus)
         async for event in stream.read(bus, window, types):
-            last = event.sequence
+            last = max(last, event.sequence)
             if key is None or stream.matches_key(event.envelope, key):
                 click.echo(_event_line(event))
         if not follow:

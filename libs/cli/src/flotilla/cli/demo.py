@@ -30,7 +30,7 @@ from flotilla.cli.hub import CLUSTER_API, Hub, is_true, now_rfc3339
 from flotilla.common import events
 
 NAMESPACE = "default"
-APP = "web"
+APP = "demo-web"
 REPLICAS = 4
 KEY = f"apps/v1/Deployment/{NAMESPACE}/{APP}"
 SAMPLE_EVERY = 0.1

@@ -282,8 +282,9 @@ def _wait(check: Callable[[], bool], what: str, process: Process, timeout: float
         if check():
             return
         if not alive(process):
+            last = _tail(process.log, 1).strip()
             raise CliError(
-                f"{what} exited during start-up; last lines of {process.log}:\n{_tail(process.log)}"
+                f"{what} exited during start-up ({last or 'no output'}); see {process.log}"
             )
         time.sleep(0.1)
     raise CliError(f"{what} was not ready after {timeout:.0f}s; see {process.log}")

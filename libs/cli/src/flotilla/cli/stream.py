@@ -113,6 +113,17 @@ async def read(
         raise
 
 
+async def last_sequence(bus: Bus) -> int:
+    """The stream's newest sequence now (0 when empty or absent)."""
+    try:
+        info = await bus.js.stream_info(bus.topology.events_stream.name)
+    except Exception as exc:
+        if type(exc).__name__ == "NotFoundError":
+            return 0
+        raise CliError(f"reading the event stream failed: {exc}") from None
+    return int(info.state.last_seq or 0)
+
+
 def trace_id(traceparent: str | None) -> str:
     """The trace id of a W3C ``traceparent`` header value ("" without one)."""
     if not traceparent:
