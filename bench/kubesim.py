@@ -30,6 +30,7 @@ import json
 import math
 import re
 import resource
+import ssl
 import sys
 import tempfile
 import time
@@ -107,14 +108,18 @@ async def _watch_one(
 
 
 async def watch_main(
-    url: str, token: str, since: str, count: int, out: Path, decode: bool
+    url: str, token: str, since: str, count: int, out: Path, decode: bool, ca_file: str
 ) -> list[list[tuple[int, float]]]:
-    """Child process: `count` watchers, until the rv written to `out`.stop has arrived."""
+    """Child process: `count` watchers, until the rv written to `out`.stop has arrived.
+
+    `ca_file` is the server's CA (PEM) when it serves https, "-" over plain http.
+    """
     stop_file = out.with_suffix(".stop")
     stop_rv: list[int] = []
     headers = {"Authorization": f"Bearer {token}"}
     timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
-    connector = aiohttp.TCPConnector(limit=count + 4)
+    tls = ssl.create_default_context(cafile=ca_file) if ca_file != "-" else False
+    connector = aiohttp.TCPConnector(limit=count + 4, ssl=tls)
     async with aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector) as s:
         started = [asyncio.Event() for _ in range(count)]
         results: list[list[tuple[int, float]]] = [[] for _ in range(count)]
@@ -197,6 +202,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     _, list_rv = store.list_frozen(pod_rt)
     workdir = Path(tempfile.mkdtemp(prefix="kubesim-bench-"))
     out = workdir / "receipts.json"
+    ca_file = "-"
+    if kubesim.authority is not None:
+        (workdir / "ca.crt").write_bytes(kubesim.authority.cert_pem)
+        ca_file = str(workdir / "ca.crt")
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         __file__,
@@ -207,6 +216,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         str(args.watchers),
         str(out),
         "decode" if args.decode_json else "scan",
+        ca_file,
         stdout=asyncio.subprocess.PIPE,
     )
     assert child.stdout is not None
@@ -291,9 +301,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--watch":
-        url, token, since, count, out, mode = sys.argv[2:8]
+        url, token, since, count, out, mode, ca_file = sys.argv[2:9]
         receipts = asyncio.run(
-            watch_main(url, token, since, int(count), Path(out), mode == "decode")
+            watch_main(url, token, since, int(count), Path(out), mode == "decode", ca_file)
         )
         Path(out).write_text(json.dumps(receipts))
         return

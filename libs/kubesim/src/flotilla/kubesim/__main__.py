@@ -51,6 +51,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--job-seconds", type=float, default=2.0)
     parser.add_argument("--token", default=None, help="bearer token (random when omitted)")
     parser.add_argument("--watch-window", type=int, default=1000, help="events kept per type")
+    parser.add_argument(
+        "--insecure-http",
+        action="store_true",
+        help="serve plain http (debugging only: kubectl sends no token over http)",
+    )
+    parser.add_argument(
+        "--tls-dir",
+        default=None,
+        help="keep the CA here and reuse it on restart (default: a new CA per start)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -78,6 +88,8 @@ def build(args: argparse.Namespace) -> KubeSim:
         sim=options,
         watch_window=args.watch_window,
         host=args.host,
+        tls=not args.insecure_http,
+        tls_dir=args.tls_dir,
     )
 
 

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import secrets
+import ssl
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -36,6 +37,7 @@ from aiohttp import web
 
 from flotilla.kubesim import apply as ssa
 from flotilla.kubesim import patch as patches
+from flotilla.kubesim import tls as tls_certs
 from flotilla.kubesim.errors import ApiError, bad_request, reason_for
 from flotilla.kubesim.resources import ResourceType
 from flotilla.kubesim.selectors import (
@@ -191,6 +193,8 @@ class KubeSim:
         watch_window: int = 1000,
         host: str = "127.0.0.1",
         bookmark_interval: float = 60.0,
+        tls: bool = True,
+        tls_dir: str | Path | None = None,
     ) -> None:
         self.name = name
         self.port = port
@@ -207,6 +211,13 @@ class KubeSim:
         self._watches = WatchHub()
         self._runner: web.AppRunner | None = None
         self._requests = 0
+        self.authority: tls_certs.Authority | None = None
+        if tls:
+            self.authority = (
+                tls_certs.Authority.load_or_create(tls_dir, name)
+                if tls_dir is not None
+                else tls_certs.Authority.generate(name)
+            )
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -226,10 +237,14 @@ class KubeSim:
         )
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self.host, self.port)
+            context = None
+            if self.authority is not None:
+                context = self.authority.server_context([self.host, "127.0.0.1", "localhost"])
+            site = web.TCPSite(runner, self.host, self.port, ssl_context=context)
             await site.start()
             self.port = int(runner.addresses[0][1])
-            self.url = f"http://{self.host}:{self.port}"
+            scheme = "https" if context is not None else "http"
+            self.url = f"{scheme}://{self.host}:{self.port}"
             self._runner = runner
             if self.simulator is not None:
                 await self.simulator.start()
@@ -265,15 +280,22 @@ class KubeSim:
     def kubeconfig(self) -> dict[str, Any]:
         if not self.url:
             raise RuntimeError("kubesim is not started; the kubeconfig needs its URL")
+        cluster: dict[str, Any] = {"server": self.url}
+        if self.authority is not None:
+            cluster["certificate-authority-data"] = self.authority.cert_data
         return {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": self.name, "cluster": {"server": self.url}}],
+            "clusters": [{"name": self.name, "cluster": cluster}],
             "users": [{"name": self.name, "user": {"token": self.token}}],
             "contexts": [{"name": self.name, "context": {"cluster": self.name, "user": self.name}}],
             "current-context": self.name,
             "preferences": {},
         }
+
+    def client_ssl(self) -> ssl.SSLContext | bool:
+        """The `ssl=` argument for a raw aiohttp client of this server (False over http)."""
+        return self.authority.client_context() if self.authority is not None else False
 
     def write_kubeconfig(self, path: str | Path) -> None:
         """Write atomically, so a reader polling for the file never sees half of it."""
