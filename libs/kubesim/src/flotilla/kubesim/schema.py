@@ -7,14 +7,21 @@ unknown fields would break on a real cluster, so kubesim does the same.
 
 Hand-written because the Python JSON-Schema validators neither prune nor default and
 know nothing of the Kubernetes extensions (`x-kubernetes-preserve-unknown-fields`,
-`x-kubernetes-int-or-string`, `x-kubernetes-embedded-resource`). Not covered: CEL
-rules (`x-kubernetes-validations`) and `format` checks.
+`x-kubernetes-int-or-string`, `x-kubernetes-embedded-resource`). CEL rules
+(`x-kubernetes-validations`) are evaluated with the `common-expression-language`
+package (cel-rust bindings; cel-python's last release predates Python 3.11 support
+for its parser): the standard CEL library only, none of Kubernetes' CEL extensions
+(`quantity()`, `url()`, `isSorted()`, …) and no cost budget. Not covered: `format`
+checks.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
+
+import cel
 
 from flotilla.kubesim import errors
 
@@ -244,11 +251,84 @@ def _object_rules(value: dict[str, Any], schema: Schema, path: str) -> list[tupl
     return causes
 
 
-def admit(obj: dict[str, Any], schema: Schema, kind: str, group: str) -> None:
+def _cel_type(value: Any) -> str:
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    return "string"
+
+
+@functools.lru_cache(maxsize=512)
+def _program(rule: str) -> Any:
+    return cel.compile(rule)
+
+
+def _check_rules(
+    value: Any, old: Any, schema: Schema, path: str, causes: list[tuple[str, str]]
+) -> None:
+    """Evaluate `x-kubernetes-validations` (CEL) bottom-up, as upstream does after the
+    structural checks; transition rules (those naming `oldSelf`) run on updates only."""
+    if not isinstance(schema, dict) or value is None:
+        return
+    if isinstance(value, dict):
+        properties = schema.get("properties") or {}
+        additional = schema.get("additionalProperties")
+        for key, item in value.items():
+            sub = properties.get(key)
+            if sub is None and isinstance(additional, dict):
+                sub = additional
+            if isinstance(sub, dict):
+                before = old.get(key) if isinstance(old, dict) else None
+                _check_rules(item, before, sub, f"{path}.{key}" if path else key, causes)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            _check_rules(item, None, schema["items"], f"{path}[{index}]", causes)
+    for entry in schema.get("x-kubernetes-validations") or []:
+        rule = entry.get("rule") if isinstance(entry, dict) else None
+        if not isinstance(rule, str):
+            continue
+        transition = "oldSelf" in rule
+        if transition and old is None:
+            continue
+        bindings = {"self": value, "oldSelf": old} if transition else {"self": value}
+        field = path or "<root>"
+        try:
+            ok = _program(rule).execute(cel.Context(bindings))
+        except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+            causes.append((field, f"Invalid value: {_show_kind(value)}: rule error: {exc}"))
+            continue
+        if ok is not True:
+            message = entry.get("message") or f"failed rule: {rule}"
+            if entry.get("fieldPath"):
+                field = f"{field}{entry['fieldPath']}"
+            causes.append((field, f"Invalid value: {_show_kind(value)}: {message}"))
+
+
+def _show_kind(value: Any) -> str:
+    return f'"{_cel_type(value)}"'
+
+
+def admit(
+    obj: dict[str, Any],
+    schema: Schema,
+    kind: str,
+    group: str,
+    *,
+    old: dict[str, Any] | None = None,
+) -> None:
     """Prune, default and validate a custom resource in place; 422 Invalid on violations."""
     prune(obj, schema, root=True)
     apply_defaults(obj, schema)
     causes = validate(obj, schema)
+    if not causes:
+        _check_rules(obj, old, schema, "", causes)
     if causes:
         name = (obj.get("metadata") or {}).get("name", "")
         raise errors.invalid(kind, name, causes, group)

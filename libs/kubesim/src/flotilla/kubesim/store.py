@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from flotilla.kubesim import errors, resources
+from flotilla.kubesim import defaults, errors, resources
 from flotilla.kubesim import schema as crd_schema
 from flotilla.kubesim.errors import ApiError
 from flotilla.kubesim.resources import ResourceType
@@ -468,7 +468,7 @@ class Store:
             )
 
     def _default(self, rt: ResourceType, obj: dict[str, Any]) -> None:
-        """The handful of server-side defaults clients and the simulator rely on."""
+        """Create-time defaults: status, namespace finalizers, service IPs, then `defaults`."""
         key = (rt.group, rt.kind)
         if key == ("", "Pod"):
             status = obj.setdefault("status", {})
@@ -480,29 +480,15 @@ class Store:
             obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = obj[
                 "metadata"
             ]["name"]
-        elif key in (("apps", "Deployment"), ("apps", "ReplicaSet"), ("apps", "StatefulSet")):
-            spec = obj.setdefault("spec", {})
-            if isinstance(spec, dict):
-                spec.setdefault("replicas", 1)
-        elif key == ("batch", "Job"):
-            spec = obj.setdefault("spec", {})
-            if isinstance(spec, dict):
-                spec.setdefault("completions", 1)
-                spec.setdefault("parallelism", 1)
-                spec.setdefault("backoffLimit", 6)
         elif key == ("", "Service"):
             spec = obj.setdefault("spec", {})
-            if isinstance(spec, dict):
-                spec.setdefault("type", "ClusterIP")
-                if spec.get("clusterIP") is None:
-                    self._service_ips += 1
-                    n = self._service_ips
-                    spec["clusterIP"] = f"10.96.{(n >> 8) & 255}.{n & 255}"
-                    spec["clusterIPs"] = [spec["clusterIP"]]
-                for port in spec.get("ports") or []:
-                    if isinstance(port, dict):
-                        port.setdefault("protocol", "TCP")
-                        port.setdefault("targetPort", port.get("port"))
+            if isinstance(spec, dict) and spec.get("clusterIP") is None:
+                self._service_ips += 1
+                n = self._service_ips
+                spec["clusterIP"] = f"10.96.{(n >> 8) & 255}.{n & 255}"
+                spec["clusterIPs"] = [spec["clusterIP"]]
+        if not rt.custom:
+            defaults.apply(rt.group, rt.kind, obj)
 
     # -- CRDs --------------------------------------------------------------------------
 
@@ -586,13 +572,15 @@ class Store:
             return {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"}
         return self._scales.get((rt.group, rt.plural, rt.version), {})
 
-    def _admitted(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+    def _admitted(
+        self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """A pruned, defaulted copy of a custom resource; 422 if its schema rejects it."""
         schema = self._schemas.get((rt.group, rt.plural, rt.version))
         if schema is None:
             return obj
         admitted: dict[str, Any] = clone(obj)
-        crd_schema.admit(admitted, schema, rt.kind, rt.group)
+        crd_schema.admit(admitted, schema, rt.kind, rt.group, old=old)
         return admitted
 
     # -- update ------------------------------------------------------------------------
@@ -637,7 +625,7 @@ class Store:
             if "managedFields" in meta_in:
                 new["metadata"]["managedFields"] = clone(meta_in["managedFields"])
             if rt.custom:
-                new = self._admitted(rt, new)
+                new = self._admitted(rt, new, current)
         elif subresource is None:
             new = clone(obj)
             new["apiVersion"] = rt.api_version
@@ -658,8 +646,10 @@ class Store:
             self._validate(rt, new)
             _normalize(rt, new)
             if rt.custom:
-                new = self._admitted(rt, new)
+                new = self._admitted(rt, new, current)
                 meta = new["metadata"]
+            else:
+                defaults.apply(rt.group, rt.kind, new)
             if rt == resources.CRD:
                 _validate_crd(new)
                 self._check_crd_conflict(new)
