@@ -383,17 +383,46 @@ class Documents:
         return json.loads(json.dumps(body).replace(V3_REF, V2_REF))  # type: ignore[no-any-return]
 
 
+Mismatch = tuple[str, str, Any]  # path, expected type, value found
+_GO_TYPES = {
+    "integer": "int64",
+    "number": "float64",
+    "string": "string",
+    "boolean": "bool",
+    "array": "array",
+    "object": "object",
+}
+
+
 def unknown_fields(
     value: Any, schema: Schema, definitions: dict[str, Schema], *, prune: bool
-) -> list[str]:
-    """Paths (`spec.foo`, `spec.containers[0].bar`) of fields the schema does not declare.
+) -> tuple[list[str], list[Mismatch]]:
+    """Paths (`spec.foo`, `spec.containers[0].bar`) of fields the schema does not declare,
+    and values whose JSON type differs from the declared one.
 
-    With `prune`, those fields are removed from `value` in place, as decoding into the
+    With `prune`, unknown fields are removed from `value` in place, as decoding into the
     typed structs of a real API server drops them.
     """
     found: list[str] = []
-    _walk(value, schema, definitions, "", found, prune, root=True)
-    return found
+    mismatched: list[Mismatch] = []
+    _walk(value, schema, definitions, "", found, mismatched, prune, root=True)
+    return found, mismatched
+
+
+def _type_matches(value: Any, kind: str) -> bool:
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "array":
+        return isinstance(value, list)
+    if kind == "object":
+        return isinstance(value, dict)
+    return True
 
 
 def _resolve(schema: Any, definitions: dict[str, Schema]) -> Any:
@@ -417,12 +446,21 @@ def _walk(
     definitions: dict[str, Schema],
     path: str,
     found: list[str],
+    mismatched: list[Mismatch],
     prune: bool,
     *,
     root: bool = False,
 ) -> None:
     schema = _resolve(schema, definitions)
-    if not isinstance(schema, dict):
+    if not isinstance(schema, dict) or value is None:
+        return
+    kind = schema.get("type")
+    if (
+        isinstance(kind, str)
+        and not schema.get("x-kubernetes-int-or-string")
+        and not _type_matches(value, kind)
+    ):
+        mismatched.append((path, _GO_TYPES.get(kind, kind), value))
         return
     if isinstance(value, dict):
         properties = schema.get("properties")
@@ -444,9 +482,9 @@ def _walk(
                 if prune:
                     del value[key]
                 continue
-            _walk(value[key], sub, definitions, where, found, prune)
+            _walk(value[key], sub, definitions, where, found, mismatched, prune)
     elif isinstance(value, list):
         items = schema.get("items")
         if isinstance(items, dict):
             for index, item in enumerate(value):
-                _walk(item, items, definitions, f"{path}[{index}]", found, prune)
+                _walk(item, items, definitions, f"{path}[{index}]", found, mismatched, prune)

@@ -35,11 +35,12 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from aiohttp import web
 
+from flotilla.kubesim import access, errors, openapi, tables
 from flotilla.kubesim import apply as ssa
 from flotilla.kubesim import patch as patches
 from flotilla.kubesim import tls as tls_certs
 from flotilla.kubesim.errors import ApiError, bad_request, reason_for
-from flotilla.kubesim.resources import ResourceType
+from flotilla.kubesim.resources import NAMESPACE, ResourceType
 from flotilla.kubesim.selectors import (
     parse_field_selector,
     parse_label_selector,
@@ -55,14 +56,17 @@ log = logging.getLogger(__name__)
 
 BODY_LIMIT = 3 * 1024 * 1024
 _DRAIN_LIMIT = 64 * 1024 * 1024
+# The minor whose behaviour kubesim follows (defaults, field validation, Table columns,
+# discovery) and the kubectl its test suite drives; a client more than one minor away
+# gets kubectl's version-skew warning, as it would against a real server.
 KUBERNETES_VERSION = {
     "major": "1",
-    "minor": "31",
-    "gitVersion": "v1.31.0-kubesim",
+    "minor": "34",
+    "gitVersion": "v1.34.0-kubesim",
     "gitCommit": "0000000000000000000000000000000000000000",
     "gitTreeState": "clean",
     "buildDate": "2026-01-01T00:00:00Z",
-    "goVersion": "go1.22.0",
+    "goVersion": "go1.24.0",
     "compiler": "gc",
     "platform": "linux/amd64",
 }
@@ -72,6 +76,10 @@ _YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
 # Upstream returns the deleted object for these; a Status for everything else.
 _RETURNS_DELETED = frozenset({("", "Pod"), ("", "Namespace")})
 _UNAUTHENTICATED = frozenset({"/healthz", "/livez", "/readyz"})
+_FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
+# Deeper JSON is refused with 400 before anything recursive (schema walks, copies) sees it.
+MAX_JSON_DEPTH = 500
+_WARNINGS: web.RequestKey[list[str]] = web.RequestKey("kubesim.warnings", list)
 # How often an idle watch checks whether its client went away.
 _WATCH_POLL_SECONDS = 2.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -150,6 +158,63 @@ def _decode_continue(token: str) -> tuple[int, tuple[str, str]]:
         raise bad_request("invalid continue token") from None
 
 
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether JSON data nests deeper than `limit` (iterative: no recursion to run out of)."""
+    stack = [(value, 1)]
+    while stack:
+        current, depth = stack.pop()
+        if isinstance(current, dict):
+            children: Any = current.values()
+        elif isinstance(current, list):
+            children = current
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _duplicate_keys(raw: bytes) -> list[str]:
+    """Keys repeated within one JSON object of `raw` (which already decoded cleanly)."""
+    found: list[str] = []
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                found.append(key)
+            seen.add(key)
+        return dict(pairs)
+
+    json.loads(raw, object_pairs_hook=hook)
+    return found
+
+
+def _go_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _warn(request: web.Request, message: str) -> None:
+    request.setdefault(_WARNINGS, []).append(message)
+
+
+def _dry_run(request: web.Request) -> bool:
+    values = request.query.getall("dryRun", [])
+    for value in values:
+        if value != "All":
+            raise bad_request(f'Invalid dryRun value: {value!r}: only "All" is supported')
+    return bool(values)
+
+
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
     meta = obj["metadata"]
     return (meta.get("namespace") or "", meta["name"])
@@ -177,6 +242,45 @@ def default_field_manager(request: web.Request) -> str:
     """Upstream's default: the user agent's program name (`kubectl`, `OpenAPI-Generator`)."""
     agent = request.headers.get("User-Agent", "")
     return agent.split("/", 1)[0].strip() or "unknown"
+
+
+async def _pod_log(
+    kubesim: KubeSim, request: web.Request, rt: ResourceType, namespace: str, name: str
+) -> web.StreamResponse:
+    pod = kubesim.store.get_frozen(rt, namespace, name)
+    tail = _int_param(request.query, "tailLines")
+    text = access.pod_log(pod, request.query.get("container"), tail)
+    return web.Response(text=text, content_type="text/plain")
+
+
+async def _service_account_token(
+    kubesim: KubeSim, request: web.Request, rt: ResourceType, namespace: str, name: str
+) -> web.StreamResponse:
+    account = kubesim.store.get_frozen(rt, namespace, name)
+    raw = await kubesim._read_body(request)
+    body = kubesim._decode(raw, kubesim._content_type(request)) if raw.strip() else {}
+    answer = access.token_request(kubesim.name, namespace, account, body)
+    return _json(answer, 201)
+
+
+Action = Callable[["KubeSim", web.Request, ResourceType, str, str], Awaitable[web.StreamResponse]]
+# Subresources that are verbs rather than stored state: (group, plural, subresource, method).
+_ACTIONS: dict[tuple[str, str, str | None, str], Action] = {
+    ("", "pods", "log", "GET"): _pod_log,
+    ("", "serviceaccounts", "token", "POST"): _service_account_token,
+}
+_ACTION_DISCOVERY: dict[tuple[str, str], list[dict[str, Any]]] = {
+    ("", "pods"): [{"name": "pods/log", "kind": "Pod", "verbs": ["get"]}],
+    ("", "serviceaccounts"): [
+        {
+            "name": "serviceaccounts/token",
+            "kind": "TokenRequest",
+            "group": "authentication.k8s.io",
+            "version": "v1",
+            "verbs": ["create"],
+        }
+    ],
+}
 
 
 class KubeSim:
@@ -211,6 +315,9 @@ class KubeSim:
         self._watches = WatchHub()
         self._runner: web.AppRunner | None = None
         self._requests = 0
+        self._documents = openapi.Documents(
+            lambda: list(self.store.registry), self.store.crd_schema
+        )
         self.authority: tls_certs.Authority | None = None
         if tls:
             self.authority = (
@@ -381,7 +488,11 @@ class KubeSim:
                         "ServiceUnavailable",
                         f"kubesim {self.name} is in a simulated outage",
                     )
-            return await handler(request)
+            response = await handler(request)
+            if not response.prepared:
+                for message in request.get(_WARNINGS, ()):
+                    response.headers.add("Warning", f"299 - {json.dumps(message)}")
+            return response
         except ApiError as error:
             return _status_response(error)
         except web.HTTPException as exc:
@@ -452,10 +563,20 @@ class KubeSim:
             raise bad_request("the request body is empty")
         try:
             if content_type in _YAML_TYPES or content_type == patches.APPLY_PATCH:
-                return yaml.load(raw, Loader=_YamlLoader)  # noqa: S506 - a safe loader
-            return json.loads(raw)
+                decoded = yaml.load(raw, Loader=_YamlLoader)  # noqa: S506 - a safe loader
+            else:
+                decoded = json.loads(raw)
+        except RecursionError:
+            raise bad_request(
+                f"the request body is nested too deeply (more than {MAX_JSON_DEPTH} levels)"
+            ) from None
         except (ValueError, yaml.YAMLError) as exc:
             raise bad_request(f"the request body could not be decoded: {exc}") from exc
+        if _depth_exceeds(decoded, MAX_JSON_DEPTH):
+            raise bad_request(
+                f"the request body is nested too deeply (more than {MAX_JSON_DEPTH} levels)"
+            )
+        return decoded
 
     async def _read_object(self, request: web.Request, rt: ResourceType) -> dict[str, Any]:
         content_type = self._content_type(request)
@@ -466,8 +587,10 @@ class KubeSim:
                 f"the body of the request was in an unknown format - accepted media types "
                 f"include: application/json, application/yaml (got {content_type!r})",
             )
-        obj = self._decode(await self._read_body(request), content_type)
-        return self._check_object(obj, rt)
+        raw = await self._read_body(request)
+        obj = self._check_object(self._decode(raw, content_type), rt)
+        self._check_fields(request, rt, obj, raw if content_type in _JSON_TYPES else None)
+        return obj
 
     @staticmethod
     def _check_object(obj: Any, rt: ResourceType) -> dict[str, Any]:
@@ -508,6 +631,8 @@ class KubeSim:
         segments = [s for s in request.path.split("/") if s]
         if segments == ["version"]:
             return _json(KUBERNETES_VERSION)
+        if segments and segments[0] == "openapi":
+            return self._openapi(request, segments[1:])
         if not segments or segments[0] not in ("api", "apis"):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if segments[0] == "api":
@@ -537,12 +662,18 @@ class KubeSim:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         name = rest[1] if len(rest) > 1 else None
         subresource = rest[2] if len(rest) > 2 else None
+        method = request.method
+        if rt.create_only:
+            if method != "POST" or name is not None:
+                raise ApiError(405, "MethodNotAllowed", f"{rt.group_resource} only accept create")
+            body = self._decode(await self._read_body(request), self._content_type(request))
+            return _json(access.review(rt.kind, rt.api_version, body), 201)
+        action = _ACTIONS.get((rt.group, rt.plural, subresource, method))
+        if action is not None and name is not None and namespace is not None:
+            return await action(self, request, rt, namespace, name)
         if subresource is not None and subresource not in rt.subresources:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         query = request.query
-        if query.get("dryRun"):
-            raise bad_request("dryRun is not supported by kubesim")
-        method = request.method
         if name is None:
             if method == "GET":
                 if watch_path or _bool_param(query.get("watch")):
@@ -562,7 +693,10 @@ class KubeSim:
         elif subresource == "scale" and method in ("GET", "PUT", "PATCH"):
             return await self._scale(request, rt, namespace, name)
         elif method == "GET":
-            return _json(_versioned(rt, self.store.get_frozen(rt, namespace, name)))
+            obj = _versioned(rt, self.store.get_frozen(rt, namespace, name))
+            if self._wants_table(request):
+                return _json(self._table(request, rt, [obj], {"resourceVersion": ""}))
+            return _json(obj)
         elif method == "PUT":
             return await self._update(request, rt, namespace, name, subresource)
         elif method == "PATCH":
@@ -612,11 +746,15 @@ class KubeSim:
                 "singularName": rt.singular,
                 "namespaced": rt.namespaced,
                 "kind": rt.kind,
-                "verbs": _VERBS,
+                "verbs": ["create"] if rt.create_only else _VERBS,
             }
             if rt.short_names:
                 entry["shortNames"] = list(rt.short_names)
+            if rt.categories:
+                entry["categories"] = list(rt.categories)
             entries.append(entry)
+            for extra in _ACTION_DISCOVERY.get((rt.group, rt.plural), []):
+                entries.append({"singularName": "", "namespaced": rt.namespaced, **extra})
             if rt.has_status:
                 entries.append(
                     {
@@ -664,6 +802,8 @@ class KubeSim:
             items = items[:limit]
             metadata["continue"] = _encode_continue(rv, _key(items[-1]))
             metadata["remainingItemCount"] = remaining
+        if self._wants_table(request):
+            return _json(self._table(request, rt, [_versioned(rt, o) for o in items], metadata))
         body = {
             "kind": rt.list_kind,
             "apiVersion": rt.api_version,
@@ -672,16 +812,128 @@ class KubeSim:
         }
         return _json(body)
 
+    # -- server-side printing ----------------------------------------------------------------
+
+    @staticmethod
+    def _wants_table(request: web.Request) -> bool:
+        accept = request.headers.get("Accept", "")
+        return "as=Table" in accept and tables.media_wants_table(accept)
+
+    def _printer(self, rt: ResourceType) -> tables.Printer:
+        columns = self.store.printer_columns(rt) if rt.custom else None
+        return tables.printer_for(rt, columns)
+
+    def _table(
+        self,
+        request: web.Request,
+        rt: ResourceType,
+        items: list[dict[str, Any]],
+        metadata: Mapping[str, Any],
+        *,
+        with_columns: bool = True,
+    ) -> dict[str, Any]:
+        include = request.query.get("includeObject") or "Metadata"
+        if include not in ("None", "Metadata", "Object"):
+            raise bad_request(f"includeObject must be None, Metadata or Object, got {include!r}")
+        return tables.table(
+            self._printer(rt),
+            items,
+            include=include,
+            metadata=metadata,
+            with_columns=with_columns,
+        )
+
+    def _table_encoder(
+        self, request: web.Request, rt: ResourceType
+    ) -> Callable[[str, Mapping[str, Any]], bytes]:
+        """Watch events as one-row Tables; column definitions only in the first, as upstream."""
+        first = [True]
+
+        def encode(kind: str, obj: Mapping[str, Any]) -> bytes:
+            body = self._table(
+                request,
+                rt,
+                [_versioned(rt, dict(obj))],
+                {"resourceVersion": str((obj.get("metadata") or {}).get("resourceVersion", ""))},
+                with_columns=first[0],
+            )
+            first[0] = False
+            return encode_event(kind, body)
+
+        return encode
+
+    # -- OpenAPI -----------------------------------------------------------------------------
+
+    def _openapi(self, request: web.Request, rest: list[str]) -> web.Response:
+        if request.method != "GET":
+            raise ApiError(405, "MethodNotAllowed", "OpenAPI documents are read-only")
+        if rest == ["v2"]:
+            return _json(self._documents.v2())
+        if rest == ["v3"]:
+            return _json(self._documents.v3_root())
+        doc = None
+        if len(rest) == 3 and rest[:2] == ["v3", "api"]:
+            doc = self._documents.v3_group_version("", rest[2])
+        elif len(rest) == 4 and rest[:2] == ["v3", "apis"]:
+            doc = self._documents.v3_group_version(rest[2], rest[3])
+        if doc is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return _json(doc)
+
+    # -- field validation ---------------------------------------------------------------------
+
+    def _check_fields(
+        self, request: web.Request, rt: ResourceType, obj: dict[str, Any], raw: bytes | None
+    ) -> None:
+        """`fieldValidation` as upstream: unknown (and duplicate) fields are an error
+        (Strict), a `Warning` header (Warn, the default) or nothing (Ignore). Unknown
+        fields of built-in kinds are dropped, as decoding into typed structs drops them;
+        a value of the wrong JSON type for a built-in field is 400, as it fails to decode.
+        """
+        directive = request.query.get("fieldValidation") or "Warn"
+        if directive not in _FIELD_VALIDATION:
+            raise bad_request(
+                f"fieldValidation must be one of {', '.join(_FIELD_VALIDATION)}, got {directive!r}"
+            )
+        problems: list[str] = []
+        if raw is not None and directive != "Ignore" and "fieldValidation" in request.query:
+            problems += [f'duplicate field "{key}"' for key in _duplicate_keys(raw)]
+        if rt.custom:
+            schema = self.store.crd_schema(rt)
+            if schema is not None:
+                unknown, _ = openapi.unknown_fields(obj, schema, {}, prune=False)
+                problems += [f'unknown field "{path}"' for path in unknown]
+        else:
+            found = self._documents.schema_for(rt)
+            if found is not None:
+                unknown, mismatched = openapi.unknown_fields(obj, found[0], found[1], prune=True)
+                if mismatched:
+                    path, expected, value = mismatched[0]
+                    raise bad_request(
+                        f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: '
+                        f"json: cannot unmarshal {_go_type(value)} into Go struct field "
+                        f"{rt.kind}.{path} of type {expected}"
+                    )
+                problems += [f'unknown field "{path}"' for path in unknown]
+        if not problems or directive == "Ignore":
+            return
+        if directive == "Strict":
+            raise bad_request(f"strict decoding error: {', '.join(problems)}")
+        for problem in problems:
+            _warn(request, problem)
+
     async def _watch(
         self, request: web.Request, rt: ResourceType, namespace: str | None
     ) -> web.StreamResponse:
         query = request.query
         label_selector, field_selector = query.get("labelSelector"), query.get("fieldSelector")
+        encode = self._table_encoder(request, rt) if self._wants_table(request) else None
         watcher = Watcher(
             rt,
             namespace,
             parse_label_selector(label_selector),
             parse_field_selector(field_selector),
+            encode,
         )
         timeout = _int_param(query, "timeoutSeconds")
         bookmarks = _bool_param(query.get("allowWatchBookmarks"))
@@ -691,7 +943,10 @@ class KubeSim:
         expired: ApiError | None = None
         if since in (None, "", "0"):
             items, _ = self.store.list_frozen(rt, namespace, label_selector, field_selector)
-            initial = [encode_event("ADDED", obj, api_version) for obj in items]
+            if encode is not None:
+                initial = [encode("ADDED", obj) for obj in items]
+            else:
+                initial = [encode_event("ADDED", obj, api_version) for obj in items]
         else:
             try:
                 since_rv = int(since)
@@ -700,7 +955,9 @@ class KubeSim:
             try:
                 for record in self.store.history_since(rt, since_rv):
                     kind = watcher.event_type(record)
-                    if kind is not None:
+                    if kind is not None and encode is not None:
+                        initial.append(encode(kind, record.object))
+                    elif kind is not None:
                         initial.append(encode_record(record, kind, rt))
             except ApiError as error:
                 expired = error
@@ -780,7 +1037,7 @@ class KubeSim:
             obj.pop("status", None)
         obj["metadata"].pop("managedFields", None)
         ssa.record_update(None, obj, rt=rt, manager=self._manager(request), now=now_rfc3339())
-        created = self.store.create(rt, obj)
+        created = self.store.create(rt, obj, dry_run=_dry_run(request))
         return _json(created, 201)
 
     async def _update(
@@ -795,7 +1052,7 @@ class KubeSim:
         self._place(obj, rt, namespace, name)
         current = self.store.get_frozen(rt, namespace, name)
         self._track(request, rt, current, obj, subresource)
-        updated = self.store.update(rt, obj, subresource=subresource)
+        updated = self.store.update(rt, obj, subresource=subresource, dry_run=_dry_run(request))
         return _json(updated)
 
     def _track(
@@ -852,6 +1109,14 @@ class KubeSim:
         body = self._decode(raw, content_type)
         if content_type == patches.APPLY_PATCH:
             return self._apply(request, rt, namespace, name, subresource, body)
+        if content_type != patches.JSON_PATCH and "fieldValidation" in request.query:
+            duplicates = _duplicate_keys(raw)
+            if duplicates:
+                problems = ", ".join(f'duplicate field "{key}"' for key in duplicates)
+                if request.query["fieldValidation"] == "Strict":
+                    raise bad_request(f"strict decoding error: {problems}")
+                if request.query["fieldValidation"] == "Warn":
+                    _warn(request, problems)
         current = self.store.get_frozen(rt, namespace, name)
         if content_type == patches.MERGE_PATCH:
             if not isinstance(body, dict):
@@ -869,8 +1134,9 @@ class KubeSim:
         for key, value in (("name", name), ("namespace", current["metadata"].get("namespace"))):
             if meta.get(key) != value:
                 raise ApiError(422, "Invalid", f"metadata.{key}: Invalid value: field is immutable")
+        self._check_fields(request, rt, new, None)
         self._track(request, rt, current, new, subresource)
-        updated = self.store.update(rt, new, subresource=subresource)
+        updated = self.store.update(rt, new, subresource=subresource, dry_run=_dry_run(request))
         return _json(updated)
 
     def _apply(
@@ -883,6 +1149,7 @@ class KubeSim:
         body: Any,
     ) -> web.Response:
         applied = self._check_object(body, rt)
+        self._check_fields(request, rt, applied, None)
         if not applied.get("apiVersion") or not applied.get("kind"):
             raise bad_request("apply requires apiVersion and kind in the applied configuration")
         self._place(applied, rt, namespace, name)
@@ -907,9 +1174,10 @@ class KubeSim:
             now=now_rfc3339(),
             subresource=subresource or "",
         )
+        dry_run = _dry_run(request)
         if live is None:
-            return _json(self.store.create(rt, result), 201)
-        return _json(self.store.update(rt, result, subresource=subresource))
+            return _json(self.store.create(rt, result, dry_run=dry_run), 201)
+        return _json(self.store.update(rt, result, subresource=subresource, dry_run=dry_run))
 
     # -- scale -----------------------------------------------------------------------------
 
@@ -999,6 +1267,8 @@ class KubeSim:
     ) -> web.Response:
         propagation, preconditions = await self._delete_options(request)
         before = self.store.get_frozen(rt, namespace, name)
+        if _dry_run(request):
+            return self._dry_run_delete(rt, before, preconditions)
         result = self.store.delete(
             rt, namespace, name, propagation=propagation, preconditions=preconditions
         )
@@ -1011,6 +1281,30 @@ class KubeSim:
         if rt.custom or (rt.group, rt.kind) in _RETURNS_DELETED:
             return _json(result)
         return _json(_success(rt, before))
+
+    @staticmethod
+    def _dry_run_delete(
+        rt: ResourceType, current: dict[str, Any], preconditions: dict[str, Any] | None
+    ) -> web.Response:
+        """What a delete would answer, changing nothing: the object as it would be
+        (terminating when finalizers hold it), or the Success status."""
+        meta = current["metadata"]
+        for key in ("uid", "resourceVersion"):
+            want = (preconditions or {}).get(key)
+            if want and str(want) != meta.get(key):
+                raise errors.conflict(
+                    rt.plural,
+                    meta["name"],
+                    f"Precondition failed: {key} in precondition: {want}, "
+                    f"{key} in object meta: {meta.get(key)}",
+                    rt.group,
+                )
+        if meta.get("finalizers") or rt == NAMESPACE:
+            shown = {**current, "metadata": {**meta, "deletionTimestamp": now_rfc3339()}}
+            return _json(_versioned(rt, shown))
+        if rt.custom or (rt.group, rt.kind) in _RETURNS_DELETED:
+            return _json(_versioned(rt, current))
+        return _json(_success(rt, current))
 
     async def _delete_collection(
         self, request: web.Request, rt: ResourceType, namespace: str | None

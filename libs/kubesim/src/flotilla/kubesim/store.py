@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import json
 import logging
 import re
 import secrets
@@ -50,6 +51,18 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # RBAC objects are named like "system:controller:foo"; upstream only forbids "/" and "%".
 _PATH_SEGMENT_NAME = re.compile(r"^[^/%]+$")
 _RBAC_GROUP = "rbac.authorization.k8s.io"
+# Upstream's TotalAnnotationSizeLimitB.
+MAX_ANNOTATIONS_BYTES = 256 * 1024
+_REPLICATED = frozenset(
+    {
+        ("apps", "Deployment"),
+        ("apps", "ReplicaSet"),
+        ("apps", "StatefulSet"),
+        ("", "ReplicationController"),
+    }
+)
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _NOT_SPEC = frozenset({"metadata", "status", "apiVersion", "kind"})
 _SERVER_OWNED_METADATA = (
     "uid",
@@ -152,6 +165,7 @@ def types_from_crd(crd: dict[str, Any]) -> list[ResourceType]:
                 subresources=subresources,
                 short_names=tuple(names.get("shortNames") or ()),
                 custom=True,
+                categories=tuple(names.get("categories") or ()),
             )
         )
     return out
@@ -199,6 +213,7 @@ class Store:
         self._service_ips = 0
         self._schemas: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._scales: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._columns: dict[tuple[str, str, str], builtins.list[dict[str, Any]]] = {}
         for name in DEFAULT_NAMESPACES:
             self.create(resources.NAMESPACE, {"metadata": {"name": name}})
 
@@ -366,8 +381,13 @@ class Store:
 
     # -- create ------------------------------------------------------------------------
 
-    def create(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+    def create(
+        self, rt: ResourceType, obj: dict[str, Any], *, dry_run: bool = False
+    ) -> dict[str, Any]:
+        """Store a new object; with `dry_run`, everything but storing it (no event, no rv)."""
         self._check_served(rt)
+        if rt.create_only:
+            raise errors.bad_request(f"{rt.group_resource} are answered, not stored")
         if not isinstance(obj, dict):
             raise errors.bad_request("object must be a JSON object")
         new: dict[str, Any] = clone(obj)
@@ -400,12 +420,22 @@ class Store:
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_rfc3339()
         meta["generation"] = 1
+        if dry_run:
+            return self._versioned(rt, new)
         meta["resourceVersion"] = self._next_rv()
         if rt == resources.CRD:
             self._register_crd(new)
         self._put(rt, state, ns, new, None)
         self._emit(rt, "ADDED", new, None)
+        if rt == resources.NAMESPACE:
+            self._add_default_service_account(str(name))
         return self._versioned(rt, new)
+
+    def _add_default_service_account(self, namespace: str) -> None:
+        """Every namespace gets a `default` ServiceAccount, as the token controller makes."""
+        accounts = self.registry.by_kind("v1", "ServiceAccount")
+        if "default" not in self._state(accounts).objects.get(namespace, {}):
+            self.create(accounts, {"metadata": {"name": "default", "namespace": namespace}})
 
     def _validate(self, rt: ResourceType, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
@@ -437,6 +467,29 @@ class Store:
                 isinstance(k, str) and isinstance(v, str) for k, v in value.items()
             ):
                 causes.append((f"metadata.{key}", "Invalid value: must map strings to strings"))
+        causes += _label_causes(meta.get("labels"))
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict):
+            size = sum(len(str(k)) + len(str(v)) for k, v in annotations.items())
+            if size > MAX_ANNOTATIONS_BYTES:
+                causes.append(
+                    (
+                        "metadata.annotations",
+                        f"Too long: may not be more than {MAX_ANNOTATIONS_BYTES} bytes",
+                    )
+                )
+        if (rt.group, rt.kind) in _REPLICATED and isinstance(obj.get("spec"), dict):
+            replicas = obj["spec"].get("replicas")
+            if replicas is not None and (
+                not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0
+            ):
+                causes.append(
+                    (
+                        "spec.replicas",
+                        f"Invalid value: {json.dumps(replicas)}: must be greater than or "
+                        "equal to 0",
+                    )
+                )
         finalizers = meta.get("finalizers")
         if finalizers is not None and (
             not isinstance(finalizers, list) or not all(isinstance(f, str) for f in finalizers)
@@ -513,10 +566,15 @@ class Store:
                 self.registry.remove(rt)
         for rt in types_from_crd(crd):
             self.registry.add(rt)
-        for table in (self._schemas, self._scales):
+        for table in (self._schemas, self._scales, self._columns):
             for key in [k for k in table if k[:2] == (group, plural)]:
                 del table[key]
         for version in spec["versions"]:
+            columns = version.get("additionalPrinterColumns")
+            if isinstance(columns, list):
+                self._columns[(group, plural, version["name"])] = [
+                    c for c in columns if isinstance(c, dict)
+                ]
             schema = (version.get("schema") or {}).get("openAPIV3Schema")
             if isinstance(schema, dict):
                 self._schemas[(group, plural, version["name"])] = schema
@@ -562,9 +620,17 @@ class Store:
                     self._remove(custom[0], obj)
         for rt in custom:
             self.registry.remove(rt)
-        for table in (self._schemas, self._scales):
+        for table in (self._schemas, self._scales, self._columns):
             for key in [k for k in table if k[:2] == (group, plural)]:
                 del table[key]
+
+    def crd_schema(self, rt: ResourceType) -> dict[str, Any] | None:
+        """The `openAPIV3Schema` of a served custom resource version (never mutate it)."""
+        return self._schemas.get((rt.group, rt.plural, rt.version))
+
+    def printer_columns(self, rt: ResourceType) -> builtins.list[dict[str, Any]]:
+        """The `additionalPrinterColumns` of a served custom resource version."""
+        return self._columns.get((rt.group, rt.plural, rt.version), [])
 
     def scale_paths(self, rt: ResourceType) -> dict[str, Any]:
         """Where a type with a `scale` subresource keeps replicas (CRD `subresources.scale`)."""
@@ -591,7 +657,9 @@ class Store:
         obj: dict[str, Any],
         *,
         subresource: str | None = None,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
+        """Replace an object (or its status); with `dry_run`, the result without storing it."""
         self._check_served(rt)
         if not isinstance(obj, dict):
             raise errors.bad_request("object must be a JSON object")
@@ -677,6 +745,8 @@ class Store:
 
         if new == current:
             return self._versioned(rt, current)
+        if dry_run:
+            return self._versioned(rt, new)
         return self._commit_update(rt, current, new)
 
     def _commit_update(
@@ -928,6 +998,40 @@ def _normalize(rt: ResourceType, obj: dict[str, Any]) -> None:
         for key, value in string_data.items():
             data[key] = base64.b64encode(str(value).encode()).decode()
         obj["data"] = data
+
+
+def _label_causes(labels: Any) -> list[tuple[str, str]]:
+    """Upstream's qualified-name rules for label keys and its label-value rules."""
+    if not isinstance(labels, dict):
+        return []
+    causes = []
+    for key, value in labels.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            continue
+        prefix, _, name = key.rpartition("/")
+        if (
+            not name
+            or len(name) > 63
+            or not _LABEL_NAME.match(name)
+            or (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)))
+        ):
+            causes.append(
+                (
+                    "metadata.labels",
+                    f'Invalid value: "{key}": name part must consist of alphanumeric characters, '
+                    "'-', '_' or '.', and must start and end with an alphanumeric character",
+                )
+            )
+        if len(value) > 63 or not _LABEL_VALUE.match(value):
+            causes.append(
+                (
+                    "metadata.labels",
+                    f'Invalid value: "{value}": a valid label must be an empty string or consist '
+                    "of alphanumeric characters, '-', '_' or '.', and must start and end with "
+                    "an alphanumeric character (at most 63 characters)",
+                )
+            )
+    return causes
 
 
 def _owner_uids(obj: dict[str, Any] | None) -> set[str]:

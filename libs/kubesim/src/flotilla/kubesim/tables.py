@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -575,7 +575,7 @@ def _row_object(obj: Obj, include: str) -> dict[str, Any] | None:
 
 def table(
     printer: Printer,
-    items: list[Obj],
+    items: Sequence[Obj],
     *,
     include: str = "Metadata",
     metadata: Mapping[str, Any] | None = None,
