@@ -60,7 +60,6 @@ POD_SPEC: Obj = {
     "dnsPolicy": "ClusterFirst",
     "securityContext": {},
     "schedulerName": "default-scheduler",
-    "enableServiceLinks": True,
 }
 CONTAINER: Obj = {
     "terminationMessagePath": "/dev/termination-log",
@@ -73,8 +72,9 @@ PROBE: Obj = {
     "successThreshold": 1,
     "failureThreshold": 3,
 }
-# Only on Pods, by admission plugins rather than by defaulting functions.
+# Only on Pods: `SetDefaults_Pod` and the admission plugins, not pod templates.
 POD_ADMISSION: Obj = {
+    "enableServiceLinks": True,
     "serviceAccountName": "default",
     "serviceAccount": "default",
     "priority": 0,

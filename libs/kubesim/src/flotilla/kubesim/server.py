@@ -257,8 +257,7 @@ async def _service_account_token(
     kubesim: KubeSim, request: web.Request, rt: ResourceType, namespace: str, name: str
 ) -> web.StreamResponse:
     account = kubesim.store.get_frozen(rt, namespace, name)
-    raw = await kubesim._read_body(request)
-    body = kubesim._decode(raw, kubesim._content_type(request)) if raw.strip() else {}
+    body = await kubesim._answer_body(request)
     answer = access.token_request(kubesim.name, namespace, account, body)
     return _json(answer, 201)
 
@@ -578,6 +577,18 @@ class KubeSim:
             )
         return decoded
 
+    async def _answer_body(self, request: web.Request) -> Any:
+        """The body of a request that is answered rather than stored (reviews, tokens):
+        decoded JSON/YAML, or None for an empty body or one in a format kubesim does not
+        decode (kubectl's typed clients send protobuf), whose answer then uses defaults."""
+        raw = await self._read_body(request)
+        content_type = self._content_type(request)
+        if not raw.strip() or (
+            content_type not in _JSON_TYPES and content_type not in _YAML_TYPES
+        ):
+            return None
+        return self._decode(raw, content_type)
+
     async def _read_object(self, request: web.Request, rt: ResourceType) -> dict[str, Any]:
         content_type = self._content_type(request)
         if content_type not in _JSON_TYPES and content_type not in _YAML_TYPES:
@@ -666,7 +677,7 @@ class KubeSim:
         if rt.create_only:
             if method != "POST" or name is not None:
                 raise ApiError(405, "MethodNotAllowed", f"{rt.group_resource} only accept create")
-            body = self._decode(await self._read_body(request), self._content_type(request))
+            body = await self._answer_body(request)
             return _json(access.review(rt.kind, rt.api_version, body), 201)
         action = _ACTIONS.get((rt.group, rt.plural, subresource, method))
         if action is not None and name is not None and namespace is not None:
@@ -918,7 +929,10 @@ class KubeSim:
         if not problems or directive == "Ignore":
             return
         if directive == "Strict":
-            raise bad_request(f"strict decoding error: {', '.join(problems)}")
+            raise bad_request(
+                f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: '
+                f"strict decoding error: {', '.join(problems)}"
+            )
         for problem in problems:
             _warn(request, problem)
 
