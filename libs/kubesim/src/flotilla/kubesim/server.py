@@ -80,6 +80,7 @@ _FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
 # Deeper JSON is refused with 400 before anything recursive (schema walks, copies) sees it.
 MAX_JSON_DEPTH = 500
 _WARNINGS: web.RequestKey[list[str]] = web.RequestKey("kubesim.warnings", list)
+_BODY_DRY_RUN: web.RequestKey[bool] = web.RequestKey("kubesim.dry_run", bool)
 # How often an idle watch checks whether its client went away.
 _WATCH_POLL_SECONDS = 2.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -208,6 +209,9 @@ def _warn(request: web.Request, message: str) -> None:
 
 
 def _dry_run(request: web.Request) -> bool:
+    """`dryRun=All` in the query (writes) or in the DeleteOptions body (deletes)."""
+    if request.get(_BODY_DRY_RUN):
+        return True
     values = request.query.getall("dryRun", [])
     for value in values:
         if value != "All":
@@ -583,9 +587,7 @@ class KubeSim:
         decode (kubectl's typed clients send protobuf), whose answer then uses defaults."""
         raw = await self._read_body(request)
         content_type = self._content_type(request)
-        if not raw.strip() or (
-            content_type not in _JSON_TYPES and content_type not in _YAML_TYPES
-        ):
+        if not raw.strip() or (content_type not in _JSON_TYPES and content_type not in _YAML_TYPES):
             return None
         return self._decode(raw, content_type)
 
@@ -1274,6 +1276,11 @@ class KubeSim:
         if propagation is None:
             propagation = "Orphan" if orphan_flag else "Background"
         preconditions = options.get("preconditions")
+        dry_run = options.get("dryRun")
+        if dry_run:
+            if dry_run != ["All"]:
+                raise bad_request(f'Invalid dryRun value: {dry_run!r}: only ["All"] is supported')
+            request[_BODY_DRY_RUN] = True
         return str(propagation), preconditions if isinstance(preconditions, dict) else None
 
     async def _delete(
@@ -1328,8 +1335,9 @@ class KubeSim:
         items, _ = self.store.list_frozen(
             rt, namespace, query.get("labelSelector"), query.get("fieldSelector")
         )
-        deleted = []
-        for obj in items:
+        dry_run = _dry_run(request)
+        deleted = [_versioned(rt, obj) for obj in items] if dry_run else []
+        for obj in [] if dry_run else items:
             meta = obj["metadata"]
             try:
                 deleted.append(
