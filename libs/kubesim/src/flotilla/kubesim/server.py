@@ -1,19 +1,27 @@
 """The kubesim HTTP API server: Kubernetes REST semantics over the in-memory store.
 
 `KubeSim` is one simulated cluster: a `Store`, an aiohttp app speaking the
-Kubernetes API (discovery, CRUD, list/watch, patch, apply, status subresources,
-CRDs), bearer-token auth, fault injection under `/sim/v1`, and — unless it is a hub
-— the cluster simulator from `flotilla.kubesim.sim`. Several can run in one event
-loop; `flotilla-kubesim` runs one per process.
+Kubernetes API (discovery with categories, CRUD, list/watch, patch, apply, status
+and scale subresources, CRDs, dry run, field validation, Tables for `kubectl get`,
+OpenAPI v2/v3, access reviews, service-account tokens, pod logs), served over https
+with a CA of its own and bearer-token auth, fault injection under `/sim/v1`, and —
+unless it is a hub — the cluster simulator from `flotilla.kubesim.sim`. Several can
+run in one event loop; `flotilla-kubesim` runs one per process. It follows
+Kubernetes v1.34 (see `KUBERNETES_VERSION`).
 
 Routing is a single catch-all handler that parses the path itself, because the
 served kinds change at runtime (CRDs) and aiohttp's router is frozen once the app
 starts.
 
 Deliberately absent (a request for them gets a 4xx Status, never a silent success):
-`dryRun`, pods' `binding`/`log`/`exec`, `/openapi`, aggregated discovery and Table
-output. `limit`/`continue` pages are read from live data (not from a snapshot at the
-first page's resourceVersion), which is enough for clients that list then watch.
+protobuf and CBOR request bodies (415; kubectl's typed clients send protobuf for
+`create namespace|configmap|secret|…` and `drain`), pods' `binding`, `exec`,
+`attach` and `portforward`, `kubectl logs -f` streaming (the log is returned whole),
+aggregated discovery (kubectl falls back to the per-group documents), HTTP/2,
+authorization (one token may do everything), service-account tokens as credentials,
+admission webhooks and API priority and fairness. `limit`/`continue` pages are read
+from live data (not from a snapshot at the first page's resourceVersion), which is
+enough for clients that list then watch.
 """
 
 from __future__ import annotations
