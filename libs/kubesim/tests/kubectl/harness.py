@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -146,15 +145,3 @@ def start_kubesim(binary: Path, folder: Path, name: str, *extra: str) -> Iterato
             process.wait()
         if process.stdout is not None:
             process.stdout.close()
-
-
-def wait_for(predicate: object, timeout: float = 30.0, interval: float = 0.2) -> None:
-    """Bounded polling for a synchronous condition (kubectl calls are blocking)."""
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .harness import Kubectl, wait_for
+from .harness import Kubectl
 
 pytestmark = [pytest.mark.kubectl, pytest.mark.integration]
 
@@ -280,7 +280,7 @@ def test_wait_delete_and_cordon(member: Kubectl) -> None:
     member.out("cordon", "member-node-2")
     assert "Ready,SchedulingDisabled" in member.out("get", "node", "member-node-2")
     member.out("uncordon", "member-node-2")
-    wait_for(lambda: "SchedulingDisabled" not in member.out("get", "node", "member-node-2"))
+    assert "SchedulingDisabled" not in member.out("get", "node", "member-node-2")
 
 
 def test_kustomize(member: Kubectl, tmp_path: Path) -> None:
