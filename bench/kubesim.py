@@ -19,7 +19,7 @@ one core are the bottleneck). Commit times come from a store record listener in 
 process; both processes read the same wall clock.
 
     .venv/bin/python bench/kubesim.py [--deployments 100 --replicas 100 --nodes 100
-                                       --watchers 20 --decode-json]
+                                       --watchers 20 --decode-json --insecure-http]
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         node_pods=110,
         pod_ready_seconds=args.pod_ready_seconds,
     )
-    kubesim = KubeSim("bench", sim=options)
+    kubesim = KubeSim("bench", sim=options, tls=not args.insecure_http)
     await kubesim.start()
     store = kubesim.store
     pod_rt = store.resource_type("v1", "Pod")
@@ -314,6 +314,11 @@ def main() -> None:
     parser.add_argument("--watchers", type=int, default=20)
     parser.add_argument("--pod-ready-seconds", type=float, default=1.0)
     parser.add_argument("--limit-seconds", type=float, default=300.0)
+    parser.add_argument(
+        "--insecure-http",
+        action="store_true",
+        help="serve plain http instead of https (to see what TLS costs)",
+    )
     parser.add_argument(
         "--decode-json",
         action="store_true",

@@ -21,8 +21,6 @@ import functools
 import re
 from typing import Any
 
-import cel
-
 from flotilla.kubesim import errors
 
 Schema = dict[str, Any]
@@ -267,6 +265,10 @@ def _cel_type(value: Any) -> str:
 
 @functools.lru_cache(maxsize=512)
 def _program(rule: str) -> Any:
+    # Imported on first use: the package also loads its CLI (prompt_toolkit, rich), which
+    # a cluster without CEL rules should not pay for in start-up time and memory.
+    import cel
+
     return cel.compile(rule)
 
 
@@ -300,7 +302,8 @@ def _check_rules(
         bindings = {"self": value, "oldSelf": old} if transition else {"self": value}
         field = path or "<root>"
         try:
-            ok = _program(rule).execute(cel.Context(bindings))
+            program = _program(rule)
+            ok = program.execute(_context(bindings))
         except (ValueError, KeyError, TypeError, RuntimeError) as exc:
             causes.append((field, f"Invalid value: {_show_kind(value)}: rule error: {exc}"))
             continue
@@ -309,6 +312,12 @@ def _check_rules(
             if entry.get("fieldPath"):
                 field = f"{field}{entry['fieldPath']}"
             causes.append((field, f"Invalid value: {_show_kind(value)}: {message}"))
+
+
+def _context(bindings: dict[str, Any]) -> Any:
+    import cel
+
+    return cel.Context(bindings)
 
 
 def _show_kind(value: Any) -> str:
