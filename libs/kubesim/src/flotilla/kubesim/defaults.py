@@ -6,17 +6,20 @@ kubesim what it would see on a real cluster, so the fields upstream's
 ServiceAccount, DefaultTolerationSeconds, Priority) fill in are filled here too.
 
 Table-driven: `SPEC_DEFAULTS` holds the unconditional `spec` defaults per kind,
-`POD_SPEC`/`CONTAINER`/`PROBE` those of every pod spec (pods and pod templates), and
-the few conditional rules (strategy types, imagePullPolicy from the image tag, Job
-completions/parallelism) are small functions. Absent on purpose: defaults of volume
-sources other than configMap/secret/emptyDir, `creationTimestamp: null` in templates,
-the projected service-account token volume.
+`POD_SPEC`/`CONTAINER`/`PROBE` those of every pod spec (pods and pod templates),
+`ROLLING_UPDATES` the strategy defaults; the few conditional rules (imagePullPolicy
+from the image tag, Job completions/parallelism) are small functions. Absent on
+purpose: defaults of volume sources other than configMap/secret, `creationTimestamp:
+null` in templates, the projected service-account token volume, the copy of container
+limits into absent requests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from flotilla.kubesim.schema import clone
 
 Obj = dict[str, Any]
 
@@ -105,15 +108,7 @@ POD_SPEC_PATHS: dict[tuple[str, str], tuple[str, ...]] = {
 def _fill(target: Obj, defaults: Obj) -> None:
     for key, value in defaults.items():
         if key not in target and value is not None:
-            target[key] = _copy(value)
-
-
-def _copy(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copy(v) for v in value]
-    return value
+            target[key] = clone(value)
 
 
 def _dig(obj: Obj, path: tuple[str, ...]) -> Obj | None:
@@ -172,34 +167,23 @@ def pod_spec(spec: Obj) -> None:
         _volume(volume)
 
 
-def _deployment(spec: Obj) -> None:
-    strategy = spec.setdefault("strategy", {})
+# Kind -> (strategy field, rollingUpdate defaults): filled only for RollingUpdate, the
+# type defaulted when absent (a Recreate/OnDelete strategy must not get rollingUpdate).
+ROLLING_UPDATES: dict[tuple[str, str], tuple[str, Obj]] = {
+    ("apps", "Deployment"): ("strategy", {"maxUnavailable": "25%", "maxSurge": "25%"}),
+    ("apps", "StatefulSet"): ("updateStrategy", {"partition": 0}),
+    ("apps", "DaemonSet"): ("updateStrategy", {"maxUnavailable": 1, "maxSurge": 0}),
+}
+
+
+def _rolling_update(spec: Obj, field: str, rolling_defaults: Obj) -> None:
+    strategy = spec.setdefault(field, {})
     if isinstance(strategy, dict):
         strategy.setdefault("type", "RollingUpdate")
         if strategy["type"] == "RollingUpdate":
             rolling = strategy.setdefault("rollingUpdate", {})
             if isinstance(rolling, dict):
-                _fill(rolling, {"maxUnavailable": "25%", "maxSurge": "25%"})
-
-
-def _statefulset(spec: Obj) -> None:
-    strategy = spec.setdefault("updateStrategy", {})
-    if isinstance(strategy, dict):
-        strategy.setdefault("type", "RollingUpdate")
-        if strategy["type"] == "RollingUpdate":
-            rolling = strategy.setdefault("rollingUpdate", {})
-            if isinstance(rolling, dict):
-                rolling.setdefault("partition", 0)
-
-
-def _daemonset(spec: Obj) -> None:
-    strategy = spec.setdefault("updateStrategy", {})
-    if isinstance(strategy, dict):
-        strategy.setdefault("type", "RollingUpdate")
-        if strategy["type"] == "RollingUpdate":
-            rolling = strategy.setdefault("rollingUpdate", {})
-            if isinstance(rolling, dict):
-                _fill(rolling, {"maxUnavailable": 1, "maxSurge": 0})
+                _fill(rolling, rolling_defaults)
 
 
 def _job(spec: Obj) -> None:
@@ -219,9 +203,6 @@ def _service(spec: Obj) -> None:
 
 
 CONDITIONAL: dict[tuple[str, str], Callable[[Obj], None]] = {
-    ("apps", "Deployment"): _deployment,
-    ("apps", "StatefulSet"): _statefulset,
-    ("apps", "DaemonSet"): _daemonset,
     ("batch", "Job"): _job,
     ("", "Service"): _service,
 }
@@ -242,6 +223,8 @@ def apply(group: str, kind: str, obj: Obj) -> None:
             rule = CONDITIONAL.get(key)
             if rule is not None:
                 rule(spec)
+            if key in ROLLING_UPDATES:
+                _rolling_update(spec, *ROLLING_UPDATES[key])
     path = POD_SPEC_PATHS.get(key)
     if path is None:
         return

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from flotilla.kubesim import patch as patches
+from flotilla.kubesim import schema as crd_schema
 from flotilla.kubesim.resources import BUILTIN_TYPES, ResourceType
 
 Schema = dict[str, Any]
@@ -65,30 +66,20 @@ _PRIMITIVES: dict[str, Schema] = {
     "date": {"type": "string", "format": "date"},
     "object": {},
 }
-_DRY_RUN = {
-    "name": "dryRun",
-    "in": "query",
-    "description": "When present, indicates that modifications should not be persisted.",
-    "schema": {"type": "string"},
-}
-_FIELD_MANAGER = {
-    "name": "fieldManager",
-    "in": "query",
-    "description": "a name associated with the actor or entity that is making these changes.",
-    "schema": {"type": "string"},
-}
-_FIELD_VALIDATION = {
-    "name": "fieldValidation",
-    "in": "query",
-    "description": "How the server treats unknown and duplicate fields: Ignore, Warn or Strict.",
-    "schema": {"type": "string"},
-}
-_FORCE = {
-    "name": "force",
-    "in": "query",
-    "description": "Force is going to force Apply requests.",
-    "schema": {"type": "boolean"},
-}
+
+
+def _query(name: str, description: str, kind: str = "string") -> Schema:
+    return {"name": name, "in": "query", "description": description, "schema": {"type": kind}}
+
+
+_DRY_RUN = _query("dryRun", "When present, indicates that modifications should not be persisted.")
+_FIELD_MANAGER = _query(
+    "fieldManager", "A name associated with the actor or entity that is making these changes."
+)
+_FIELD_VALIDATION = _query(
+    "fieldValidation", "How the server treats unknown and duplicate fields: Ignore, Warn or Strict."
+)
+_FORCE = _query("force", "Force is going to force Apply requests.", "boolean")
 
 
 def _package(group: str) -> str:
@@ -409,22 +400,6 @@ def unknown_fields(
     return found, mismatched
 
 
-def _type_matches(value: Any, kind: str) -> bool:
-    if kind == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "number":
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if kind == "string":
-        return isinstance(value, str)
-    if kind == "boolean":
-        return isinstance(value, bool)
-    if kind == "array":
-        return isinstance(value, list)
-    if kind == "object":
-        return isinstance(value, dict)
-    return True
-
-
 def _resolve(schema: Any, definitions: dict[str, Schema]) -> Any:
     for _ in range(8):
         if not isinstance(schema, dict):
@@ -458,7 +433,7 @@ def _walk(
     if (
         isinstance(kind, str)
         and not schema.get("x-kubernetes-int-or-string")
-        and not _type_matches(value, kind)
+        and not crd_schema.type_ok(value, kind)
     ):
         mismatched.append((path, _GO_TYPES.get(kind, kind), value))
         return

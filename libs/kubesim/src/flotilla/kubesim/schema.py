@@ -27,11 +27,12 @@ Schema = dict[str, Any]
 _ROOT_KEEP = frozenset({"apiVersion", "kind", "metadata"})
 
 
-def _clone(value: Any) -> Any:
+def clone(value: Any) -> Any:
+    """Deep copy of JSON data; several times faster than `copy.deepcopy` for it."""
     if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
+        return {k: clone(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_clone(v) for v in value]
+        return [clone(v) for v in value]
     return value
 
 
@@ -72,7 +73,7 @@ def apply_defaults(value: Any, schema: Schema | None) -> None:
             if not isinstance(sub, dict):
                 continue
             if key not in value and "default" in sub:
-                value[key] = _clone(sub["default"])
+                value[key] = clone(sub["default"])
             if key in value:
                 apply_defaults(value[key], sub)
         additional = schema.get("additionalProperties")
@@ -85,7 +86,7 @@ def apply_defaults(value: Any, schema: Schema | None) -> None:
             apply_defaults(item, schema.get("items"))
 
 
-def _type_ok(value: Any, kind: str) -> bool:
+def type_ok(value: Any, kind: str) -> bool:
     if kind == "object":
         return isinstance(value, dict)
     if kind == "array":
@@ -133,7 +134,7 @@ def validate(value: Any, schema: Schema | None, path: str = "") -> list[tuple[st
             return causes
     else:
         kind = schema.get("type")
-        if isinstance(kind, str) and not _type_ok(value, kind):
+        if isinstance(kind, str) and not type_ok(value, kind):
             return [
                 (field, f"Invalid value: {_show(value)}: {field} in body must be of type {kind}")
             ]

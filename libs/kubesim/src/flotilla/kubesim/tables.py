@@ -342,6 +342,14 @@ _TEMPLATE_WIDE: list[Column] = [
     ("Selector", "string", 1),
 ]
 
+_EVENT_COLUMNS: list[Column] = [
+    ("Last Seen", "string", 0),
+    ("Type", "string", 0),
+    ("Reason", "string", 0),
+    ("Object", "string", 0),
+    ("Message", "string", 0),
+]
+
 Printer = tuple[list[Column], Callable[[Obj], Row]]
 PRINTERS: dict[tuple[str, str], Printer] = {
     ("", "Pod"): (
@@ -445,23 +453,11 @@ PRINTERS: dict[tuple[str, str], Printer] = {
     ("", "Secret"): ([("Type", "string", 0), ("Data", "integer", 0), _AGE], _secret),
     ("", "ServiceAccount"): ([("Secrets", "integer", 0), _AGE], _serviceaccount),
     ("", "Event"): (
-        [
-            ("Last Seen", "string", 0),
-            ("Type", "string", 0),
-            ("Reason", "string", 0),
-            ("Object", "string", 0),
-            ("Message", "string", 0),
-        ],
+        _EVENT_COLUMNS,
         _event,
     ),
     ("events.k8s.io", "Event"): (
-        [
-            ("Last Seen", "string", 0),
-            ("Type", "string", 0),
-            ("Reason", "string", 0),
-            ("Object", "string", 0),
-            ("Message", "string", 0),
-        ],
+        _EVENT_COLUMNS,
         _event,
     ),
     ("coordination.k8s.io", "Lease"): ([("Holder", "string", 0), _AGE], _lease),
