@@ -104,38 +104,16 @@ async def test_pods_and_deployments_print_their_columns(kubesim_factory: Any) ->
 
 
 async def test_crd_printer_columns_and_table_watch(hub: KubeSim) -> None:
-    crd = {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "widgets.example.com"},
-        "spec": {
-            "group": "example.com",
-            "scope": "Namespaced",
-            "names": {"plural": "widgets", "kind": "Widget", "categories": ["toys"]},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "x-kubernetes-preserve-unknown-fields": True,
-                        }
-                    },
-                    "additionalPrinterColumns": [
-                        {"name": "Size", "type": "integer", "jsonPath": ".spec.size"},
-                        {
-                            "name": "Color",
-                            "type": "string",
-                            "jsonPath": ".spec.color",
-                            "priority": 1,
-                        },
-                    ],
-                }
-            ],
-        },
-    }
+    crd = builders.crd(
+        "example.com",
+        "Widget",
+        {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        categories=["toys"],
+        printer_columns=[
+            {"name": "Size", "type": "integer", "jsonPath": ".spec.size"},
+            {"name": "Color", "type": "string", "jsonPath": ".spec.color", "priority": 1},
+        ],
+    )
     widgets = "/apis/example.com/v1/namespaces/default/widgets"
     async with auth_session(hub, base_url=hub.url) as http:
         assert (

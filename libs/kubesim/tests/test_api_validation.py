@@ -121,44 +121,15 @@ async def test_label_rules(http: aiohttp.ClientSession) -> None:
 
 
 async def test_cel_rules_of_a_crd_refuse_with_422(http: aiohttp.ClientSession) -> None:
-    crd = {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "ranges.example.com"},
-        "spec": {
-            "group": "example.com",
-            "scope": "Namespaced",
-            "names": {"plural": "ranges", "kind": "Range"},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "properties": {
-                                "spec": {
-                                    "type": "object",
-                                    "properties": {
-                                        "low": {"type": "integer"},
-                                        "high": {"type": "integer"},
-                                    },
-                                    "x-kubernetes-validations": [
-                                        {"rule": "self.low <= self.high", "message": "low > high"},
-                                        {
-                                            "rule": "self.high >= oldSelf.high",
-                                            "message": "high may only grow",
-                                        },
-                                    ],
-                                }
-                            },
-                        }
-                    },
-                }
-            ],
-        },
+    spec = {
+        "type": "object",
+        "properties": {"low": {"type": "integer"}, "high": {"type": "integer"}},
+        "x-kubernetes-validations": [
+            {"rule": "self.low <= self.high", "message": "low > high"},
+            {"rule": "self.high >= oldSelf.high", "message": "high may only grow"},
+        ],
     }
+    crd = builders.crd("example.com", "Range", {"type": "object", "properties": {"spec": spec}})
     path = "/apis/example.com/v1/namespaces/default/ranges"
     async with http.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=crd) as r:
         assert r.status == 201

@@ -250,7 +250,8 @@ def _object_rules(value: dict[str, Any], schema: Schema, path: str) -> list[tupl
     return causes
 
 
-def _cel_type(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """The JSON Schema type name of a decoded JSON value."""
     if isinstance(value, dict):
         return "object"
     if isinstance(value, list):
@@ -322,7 +323,7 @@ def _context(bindings: dict[str, Any]) -> Any:
 
 
 def _show_kind(value: Any) -> str:
-    return f'"{_cel_type(value)}"'
+    return f'"{json_type(value)}"'
 
 
 def admit(

@@ -46,6 +46,7 @@ from aiohttp import web
 from flotilla.kubesim import access, errors, openapi, tables
 from flotilla.kubesim import apply as ssa
 from flotilla.kubesim import patch as patches
+from flotilla.kubesim import schema as crd_schema
 from flotilla.kubesim import tls as tls_certs
 from flotilla.kubesim.errors import ApiError, bad_request, reason_for
 from flotilla.kubesim.resources import NAMESPACE, ResourceType
@@ -201,15 +202,9 @@ def _duplicate_keys(raw: bytes) -> list[str]:
 
 
 def _go_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, list):
-        return "array"
-    return "object"
+    """The JSON type name Go's decoder uses in "cannot unmarshal <type>" messages."""
+    kind = crd_schema.json_type(value)
+    return {"boolean": "bool", "integer": "number"}.get(kind, kind)
 
 
 def _warn(request: web.Request, message: str) -> None:
