@@ -66,3 +66,8 @@ def test_unknown_fields_are_found_and_pruned() -> None:
     assert obj == {"metadata": {"name": "x"}, "data": {"a": "b"}}
     _, mismatched = openapi.unknown_fields({"data": {"a": 1}}, root, definitions, prune=False)
     assert mismatched == [("data.a", "string", 1)]
+
+
+def test_vendored_builtin_schemas_match_the_generator() -> None:
+    """Regenerate with `python -m flotilla.kubesim.openapi` when this fails."""
+    assert openapi.BUILTIN_SCHEMAS.read_bytes() == openapi.generate_builtin_schemas()

@@ -8,25 +8,29 @@ OpenAPI v2), and the merge keys of strategic merge patches. So each served type 
 a schema carrying `x-kubernetes-group-version-kind`, and item paths whose operations
 carry the same extension and the query parameters a real server lists.
 
-Built-in schemas are derived at first use from the model classes of
-`kubernetes_asyncio` (installed with `flotilla-common`; generated from the public
-Kubernetes OpenAPI definitions, Apache-2.0): property names and types from
-`openapi_types`/`attribute_map`, descriptions from the property docstrings, required
-fields from the generated setters. That keeps the repository free of a vendored
-multi-megabyte spec at the price of a coarser document than upstream's: no formats
-beyond date-time, `IntOrString`/`Quantity`/`RawExtension` fields are untyped, and
-list-type markers other than the patch merge keys of `flotilla.kubesim.patch` are
-absent. CRD schemas are published as written in each served version.
+Built-in schemas come from `builtin_schemas.json.gz` next to this module (~70 KiB),
+which `python -m flotilla.kubesim.openapi` generates from the model classes of
+`kubernetes_asyncio` (generated in turn from the public Kubernetes OpenAPI
+definitions, Apache-2.0): property names and types from `openapi_types` and
+`attribute_map`, descriptions from the property docstrings, required fields from the
+generated setters, patch merge keys from `flotilla.kubesim.patch`. Vendored rather than
+derived at run time because importing `kubernetes_asyncio` costs a kubesim process
+~2 s and ~70 MiB; a test checks the file matches the generator. The document is
+coarser than upstream's: no formats beyond date-time, `IntOrString`, `Quantity` and
+`RawExtension` fields are untyped, and no list-type markers besides the merge keys.
+CRD schemas are published as written in each served version.
 """
 
 from __future__ import annotations
 
 import functools
+import gzip
 import hashlib
-import inspect
 import json
 import re
+import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from flotilla.kubesim import patch as patches
@@ -109,6 +113,19 @@ def _description(cls: type[Any], attribute: str) -> str:
     return parts[1].replace("  # noqa: E501", "").strip()
 
 
+def _module_source(cls: type[Any]) -> str:
+    """The text of the generated module holding `cls` (one model class per module); read
+    whole rather than through `inspect.getsource`, which tokenizes and is 10x slower."""
+    module = sys.modules.get(cls.__module__)
+    path = getattr(module, "__file__", None)
+    if not path:
+        return ""
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
 class _Builder:
     """Walks model classes from the served kinds and names each definition once."""
 
@@ -150,10 +167,7 @@ class _Builder:
         self.definitions[name] = schema
         types: dict[str, str] = getattr(cls, "openapi_types", {})
         wire: dict[str, str] = getattr(cls, "attribute_map", {})
-        try:
-            required = _REQUIRED.findall(inspect.getsource(cls))
-        except (OSError, TypeError):
-            required = []
+        required = _REQUIRED.findall(_module_source(cls))
         for attribute, type_name in types.items():
             field = wire.get(attribute, attribute)
             prop = self.type_schema(type_name, group)
@@ -188,13 +202,26 @@ class _Builder:
         return {"$ref": V3_REF + self.add_class(cls, group)}
 
 
-@functools.cache
-def builtin_schemas() -> tuple[dict[str, Schema], dict[tuple[str, str], str]]:
-    """(definitions, (apiVersion, kind) -> definition name) of the built-in kinds."""
+BUILTIN_SCHEMAS = Path(__file__).with_name("builtin_schemas.json.gz")
+
+
+def generate_builtin_schemas() -> bytes:
+    """The vendored file's content, derived from the installed `kubernetes_asyncio`."""
     builder = _Builder()
     for rt in BUILTIN_TYPES:
         builder.add_root(rt)
-    return builder.definitions, builder.roots
+    roots = [[api_version, kind, name] for (api_version, kind), name in builder.roots.items()]
+    body = {"definitions": builder.definitions, "roots": roots}
+    text = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+    return gzip.compress(text, compresslevel=9, mtime=0)
+
+
+@functools.cache
+def builtin_schemas() -> tuple[dict[str, Schema], dict[tuple[str, str], str]]:
+    """(definitions, (apiVersion, kind) -> definition name) of the built-in kinds."""
+    body = json.loads(gzip.decompress(BUILTIN_SCHEMAS.read_bytes()))
+    roots = {(api_version, kind): name for api_version, kind, name in body["roots"]}
+    return body["definitions"], roots
 
 
 def _crd_definition(rt: ResourceType, schema: Schema) -> Schema:
@@ -463,3 +490,7 @@ def _walk(
         if isinstance(items, dict):
             for index, item in enumerate(value):
                 _walk(item, items, definitions, f"{path}[{index}]", found, mismatched, prune)
+
+
+if __name__ == "__main__":
+    BUILTIN_SCHEMAS.write_bytes(generate_builtin_schemas())
