@@ -905,6 +905,8 @@ class KubeSim:
         (Strict), a `Warning` header (Warn, the default) or nothing (Ignore). Unknown
         fields of built-in kinds are dropped, as decoding into typed structs drops them;
         a value of the wrong JSON type for a built-in field is 400, as it fails to decode.
+        Duplicate fields are looked for only when the client names a directive (kubectl
+        always does): finding them costs a second parse of the body.
         """
         directive = request.query.get("fieldValidation") or "Warn"
         if directive not in _FIELD_VALIDATION:
