@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import ssl
 from pathlib import Path
@@ -55,3 +56,17 @@ async def test_a_tls_dir_keeps_the_ca_across_restarts(tmp_path: Path) -> None:
         ca_second = second.kubeconfig()["clusters"][0]["cluster"]["certificate-authority-data"]
     assert ca_first == ca_second
     assert (tmp_path / "ca.key").stat().st_mode & 0o777 == 0o600
+
+
+async def test_the_official_client_connects_with_the_kubeconfig_alone(hub: KubeSim) -> None:
+    import kubernetes
+
+    def list_namespaces() -> list[str]:
+        api = kubernetes.config.new_client_from_config_dict(hub.kubeconfig())
+        try:
+            listed = kubernetes.client.CoreV1Api(api).list_namespace()
+            return [ns.metadata.name for ns in listed.items]
+        finally:
+            api.close()
+
+    assert "kube-system" in await asyncio.to_thread(list_namespaces)
