@@ -405,10 +405,14 @@ class Transformer:
             needed_on = {c for c, refs in wanted.items() if any(r.key == dep_key for r in refs)}
             before = {c for c, refs in record.works.items() if any(r.key == dep_key for r in refs)}
             after, revision = await self._dependents_update(dependency, record.ref, needed_on)
+            # Where others still need it, its work names who needs it now.
+            still = {c for c in before - needed_on if c in after}
             obj = objects.get(dep_key)
+            if obj is None and still:
+                obj = await self.hub.get(dependency)
             if obj is not None:
                 clusters = await self.hub.clusters()
-                for cluster in sorted(needed_on):
+                for cluster in sorted(needed_on | still):
                     work = self._dependency_work(
                         obj,
                         rendering.facts(clusters, cluster),
