@@ -1,0 +1,147 @@
+"""The transformer end to end: a hub object and its dependencies become one work per
+member cluster, and deleting the object removes every one of them
+(`fleet.running_fleet`: every built service as a real process)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flotilla.common import events
+from flotilla.common.infra import NatsServer, RedisServer
+from flotilla.common.testing import eventually
+from flotilla.kubesim.testing import KubeSimFactory
+
+from .fleet import MEMBERS, Fleet, running_fleet
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
+
+NS = "shop"
+
+
+@pytest.fixture
+async def fleet(
+    kubesim_factory: KubeSimFactory,
+    nats_server: NatsServer,
+    redis_server: RedisServer,
+    unique: str,
+    tmp_path: Path,
+) -> AsyncIterator[Fleet]:
+    async with running_fleet(
+        kubesim_factory, nats_server, redis_server, f"tr{unique}", tmp_path
+    ) as running:
+        yield running
+
+
+def web(replicas: int) -> dict[str, Any]:
+    container = {
+        "name": "web",
+        "image": "nginx:1.27",
+        "envFrom": [{"configMapRef": {"name": "settings"}}],
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": NS},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"serviceAccountName": "runner", "containers": [container]},
+            },
+        },
+    }
+
+
+def ref(api_version: str, kind: str, name: str) -> events.ObjectRef:
+    return events.ObjectRef(api_version=api_version, kind=kind, name=name, namespace=NS)
+
+
+WEB = ref("apps/v1", "Deployment", "web")
+SETTINGS = ref("v1", "ConfigMap", "settings")
+RUNNER = ref("v1", "ServiceAccount", "runner")
+
+
+def works(fleet: Fleet) -> dict[tuple[str, str], events.WorkRendered]:
+    """The last work per (object, cluster), what a syncer converges to."""
+    last: dict[tuple[str, str], events.WorkRendered] = {}
+    for envelope in fleet.of("WorkRendered"):
+        work = envelope.payload
+        assert isinstance(work, events.WorkRendered)
+        assert envelope.key == events.work_key(work.ref, work.cluster)
+        last[(work.ref.key, work.cluster)] = work
+    return last
+
+
+def present(fleet: Fleet) -> dict[tuple[str, str], events.WorkRendered]:
+    return {k: w for k, w in works(fleet).items() if w.manifest is not None}
+
+
+async def test_a_split_deployment_and_its_dependencies_reach_exactly_its_clusters(
+    fleet: Fleet,
+) -> None:
+    await fleet.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    await fleet.create(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "settings", "namespace": NS},
+            "data": {"MODE": "prod"},
+        }
+    )
+    await fleet.create(
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "runner", "namespace": NS},
+        }
+    )
+    await fleet.create(
+        {
+            "apiVersion": "flotilla.io/v1alpha1",
+            "kind": "ClusterPlacementPolicy",
+            "metadata": {"name": "web"},
+            "spec": {"resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment"}]},
+        }
+    )
+    await fleet.create(web(replicas=9))
+
+    decided = await fleet.wait_for("PlacementDecided", WEB.key)
+    assert isinstance(decided.payload, events.PlacementDecided)
+    placed = {p.cluster: p.replicas for p in decided.payload.clusters}
+    assert placed == {name: 3 for name in MEMBERS}
+
+    wanted = {(r.key, c) for r in (WEB, SETTINGS, RUNNER) for c in MEMBERS}
+
+    def all_rendered() -> bool:
+        return wanted <= set(present(fleet))
+
+    await eventually(all_rendered, timeout=45, what="the works of web and its dependencies")
+    rendered = present(fleet)
+    for cluster in MEMBERS:
+        own = rendered[(WEB.key, cluster)].manifest
+        assert own is not None
+        assert own["spec"]["replicas"] == 3
+        assert own["metadata"]["annotations"]["flotilla.io/origin"] == WEB.key
+        assert own["metadata"]["annotations"]["flotilla.io/decision"] == decided.payload.decision_id
+        assert "resourceVersion" not in own["metadata"] and "status" not in own
+        for dependency in (SETTINGS, RUNNER):
+            assert rendered[(dependency.key, cluster)].dependency_of == [WEB]
+    # Exactly those clusters, and nothing for objects the Deployment does not need.
+    assert {k for k in rendered if k[0] in (SETTINGS.key, RUNNER.key)} == {
+        (r.key, c) for r in (SETTINGS, RUNNER) for c in MEMBERS
+    }
+
+    await fleet.delete(web(replicas=9))
+
+    def all_removed() -> bool:
+        last = works(fleet)
+        return all(key in last and last[key].manifest is None for key in wanted)
+
+    await eventually(all_removed, timeout=45, what="removal of every work of web")
+    assert not present(fleet).keys() & wanted
