@@ -211,7 +211,6 @@ def test_pipeline_refuses_a_duplicate_step() -> None:
     with pytest.raises(ValueError, match="already registered"):
         pipeline.register("a")(steps.strip_server_fields)
     assert steps.PIPELINE.names == (
-        "replicas",
         "strip-server-fields",
         "transformations",
         "origin",

@@ -67,14 +67,15 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
-def json_patch(target: dict[str, Any], operations: Any) -> Any:
+def json_patch(target: dict[str, Any], operations: Any, *, in_place: bool = False) -> Any:
     """RFC 6902; a failed `test` or a bad path is `PatchFailed`, a malformed patch
-    `PatchError`. `target` is not modified."""
+    `PatchError`. `target` is not modified unless `in_place` (then it may be left
+    half-patched by a failure, so only for a copy the caller discards on error)."""
     if not isinstance(operations, list) or not all(isinstance(op, dict) for op in operations):
         raise PatchError("json patch must be a JSON array of operation objects")
     try:
         patch = jsonpatch.JsonPatch(operations)
-        return patch.apply(target, in_place=False)
+        return patch.apply(target, in_place=in_place)
     except (jsonpatch.InvalidJsonPatch, TypeError) as exc:
         raise PatchError(f"invalid json patch: {exc}") from exc
     except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:

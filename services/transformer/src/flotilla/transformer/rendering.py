@@ -19,7 +19,6 @@ replay compare.
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import json
@@ -32,7 +31,7 @@ from flotilla.common.api import PlacementState as WorkState
 from flotilla.common.events import ObjectRef, PlacementDecided, ResourceAnalyzed
 from flotilla.common.interpreters import InterpretationError, Interpreter, Registry
 from flotilla.transformer.steps import PIPELINE, ClusterFacts, Work
-from flotilla.transformer.transformations import NamedTransformation, RenderError
+from flotilla.transformer.transformations import NamedTransformation, RenderError, copy_json
 
 JsonObject = dict[str, Any]
 
@@ -131,7 +130,19 @@ def render(obj: Mapping[str, Any], work: Work) -> JsonObject:
             "IncompatibleCluster",
             f"cluster {work.cluster.name} does not serve {gvk}; no work is sent there",
         )
-    return PIPELINE.run(copy.deepcopy(dict(obj)), work)
+    return PIPELINE.run(working_copy(obj, work), work)
+
+
+def working_copy(obj: Mapping[str, Any], work: Work) -> JsonObject:
+    """The cluster's own copy of `obj`, with its share of the replicas when it has one
+    (`Interpreter.with_replicas` copies anyway, so the object is copied only once)."""
+    if work.replicas is None or work.interpreter.replicas is None:
+        copied: JsonObject = copy_json(dict(obj))
+        return copied
+    try:
+        return work.interpreter.with_replicas(obj, work.replicas)
+    except InterpretationError as exc:
+        raise RenderError("InvalidObject", str(exc)) from None
 
 
 def facts(clusters: Mapping[str, ClusterFacts], name: str) -> ClusterFacts:

@@ -6,9 +6,9 @@ manifest with the facts of that work (`Work`): which hub object it comes from,
 the cluster it goes to, the decision, the replicas and the transformations.
 A step that cannot do its part raises `RenderError`, which fails that one work.
 
-Steps, in order:
+The manifest the steps edit is already the cluster's own copy, with its share of
+a split object's replicas (`flotilla.transformer.rendering.render`). Steps, in order:
 
-* ``replicas`` — the cluster's share of a split object (`Interpreter.with_replicas`);
 * ``strip-server-fields`` — what the hub's API server owns and a member's must set
   itself (uid, resourceVersion, status, a Service's cluster IPs, a Job's selector …);
 * ``transformations`` — the Transformations that target the cluster, in order
@@ -35,7 +35,7 @@ from typing import Any
 
 from flotilla.common.api import GroupVersionKind
 from flotilla.common.events import ObjectRef
-from flotilla.common.interpreters import InterpretationError, Interpreter
+from flotilla.common.interpreters import Interpreter
 from flotilla.transformer import transformations
 from flotilla.transformer.transformations import NamedTransformation, RenderError
 
@@ -147,16 +147,6 @@ def _map(parent: JsonObject, name: str) -> JsonObject:
 def _dicts(value: Any) -> Iterator[JsonObject]:
     if isinstance(value, list):
         yield from (item for item in value if isinstance(item, dict))
-
-
-@PIPELINE.register("replicas")
-def replicas(manifest: JsonObject, work: Work) -> JsonObject:
-    if work.replicas is None or work.interpreter.replicas is None:
-        return manifest
-    try:
-        return work.interpreter.with_replicas(manifest, work.replicas)
-    except InterpretationError as exc:
-        raise RenderError("InvalidObject", str(exc)) from None
 
 
 @PIPELINE.register("strip-server-fields")

@@ -17,7 +17,6 @@ one work fails, every other cluster's goes on.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -114,15 +113,30 @@ def _identity(obj: Mapping[str, Any]) -> tuple[Any, ...]:
     )
 
 
+def copy_json(value: Any) -> Any:
+    """A deep copy of a JSON value (several times faster than `copy.deepcopy`)."""
+    if isinstance(value, dict):
+        return {key: copy_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [copy_json(item) for item in value]
+    return value
+
+
 def patched(manifest: JsonObject, rule: TransformationRule) -> Any:
-    """`manifest` with one rule's patch applied (a new value); `PatchError` on failure."""
+    """`manifest` with one rule's patch applied; `PatchError` on failure (the
+    manifest, edited in place by a JSON patch, is then to be discarded).
+
+    The result may share values with `manifest` (the caller's own working copy) but
+    never with the rule: later steps edit the manifest in place, which must not
+    reach into a transformation shared by every render."""
+    patch = copy_json(rule.patch)
     match rule.patch_type:
         case PatchType.STRATEGIC:
-            return patches.strategic_merge_patch(manifest, rule.patch)
+            return patches.strategic_merge_patch(manifest, patch)
         case PatchType.MERGE:
-            return patches.merge_patch(manifest, rule.patch)
+            return patches.merge_patch(manifest, patch)
         case PatchType.JSON:
-            return patches.json_patch(manifest, rule.patch)
+            return patches.json_patch(manifest, patch, in_place=True)
 
 
 def apply_all(
@@ -150,7 +164,5 @@ def apply_all(
                     f"{where}: the patch changes apiVersion, kind, name or namespace, "
                     "which a transformation may not",
                 )
-            # Patches share untouched sub-values with their target; later steps
-            # edit the manifest in place, so it must own all of it again.
-            manifest = copy.deepcopy(result)
+            manifest = result
     return manifest
