@@ -335,12 +335,17 @@ class Transformer:
                 if failure.cluster not in record.works:
                     wanted.pop(failure.cluster, None)
             outgoing.own = [
-                self._work(work, decision.decision_id, analyzed.object) for work in rendered
+                self._work(work, decision.decision_id, analyzed.object, record.analyzed_revision)
+                for work in rendered
             ]
         await self._move_dependents(record, wanted, dependency_objects, outgoing)
         decision_id = record.decision.decision_id if record.decision else ""
         for cluster in sorted(set(record.works) - set(wanted)):
-            outgoing.removals.append(self._removal(record.ref, cluster, decision_id, record.uid))
+            outgoing.removals.append(
+                self._removal(
+                    record.ref, cluster, decision_id, record.uid, (record.analyzed_revision,)
+                )
+            )
         batch = outgoing.batch()
         if batch:
             await self.bus.publish_batch(batch)
@@ -485,7 +490,11 @@ class Transformer:
 
     # -- events -----------------------------------------------------------------------
 
-    def _work(self, work: Rendered, decision_id: str, source: Mapping[str, Any]) -> Envelope:
+    def _work(
+        self, work: Rendered, decision_id: str, source: Mapping[str, Any], revision: int
+    ) -> Envelope:
+        """An own work; its id changes with the decision, the analysis and the manifest,
+        so going back to an earlier manifest is a new event, not a duplicate."""
         metadata = source.get("metadata") or {}
         return events.envelope(
             WorkRendered(
@@ -499,6 +508,7 @@ class Transformer:
             producer=self.bus.producer,
             uid=str(metadata.get("uid") or ""),
             generation=rendering.hub_generation(source) or 0,
+            revision=revision,
             dedupe=(decision_id, work.state.value, work.digest),
         )
 
