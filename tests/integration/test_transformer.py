@@ -4,58 +4,28 @@ member cluster, and deleting the object removes every one of them
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from flotilla.common import events
-from flotilla.common.infra import NatsServer, RedisServer
 from flotilla.common.testing import eventually
-from flotilla.kubesim.testing import KubeSimFactory
 
-from .fleet import MEMBERS, Fleet, running_fleet
+from .fleet import MEMBERS, Fleet
+from .test_end_to_end import NS, fleet, web
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
 
-NS = "shop"
+__all__ = ["fleet"]  # the end-to-end fixture, shared with test_end_to_end
 
 
-@pytest.fixture
-async def fleet(
-    kubesim_factory: KubeSimFactory,
-    nats_server: NatsServer,
-    redis_server: RedisServer,
-    unique: str,
-    tmp_path: Path,
-) -> AsyncIterator[Fleet]:
-    async with running_fleet(
-        kubesim_factory, nats_server, redis_server, f"tr{unique}", tmp_path
-    ) as running:
-        yield running
-
-
-def web(replicas: int) -> dict[str, Any]:
-    container = {
-        "name": "web",
-        "image": "nginx:1.27",
-        "envFrom": [{"configMapRef": {"name": "settings"}}],
-        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
-    }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "web", "namespace": NS},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {
-                "metadata": {"labels": {"app": "web"}},
-                "spec": {"serviceAccountName": "runner", "containers": [container]},
-            },
-        },
-    }
+def web_with_dependencies(replicas: int) -> dict[str, Any]:
+    """`web` reading its environment from ConfigMap settings, running as ServiceAccount runner."""
+    obj = web(replicas)
+    pod = obj["spec"]["template"]["spec"]
+    pod["serviceAccountName"] = "runner"
+    pod["containers"][0]["envFrom"] = [{"configMapRef": {"name": "settings"}}]
+    return obj
 
 
 def ref(api_version: str, kind: str, name: str) -> events.ObjectRef:
@@ -109,7 +79,7 @@ async def test_a_split_deployment_and_its_dependencies_reach_exactly_its_cluster
             "spec": {"resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment"}]},
         }
     )
-    await fleet.create(web(replicas=9))
+    await fleet.create(web_with_dependencies(replicas=9))
 
     decided = await fleet.wait_for("PlacementDecided", WEB.key)
     assert isinstance(decided.payload, events.PlacementDecided)
@@ -137,7 +107,7 @@ async def test_a_split_deployment_and_its_dependencies_reach_exactly_its_cluster
         (r.key, c) for r in (SETTINGS, RUNNER) for c in MEMBERS
     }
 
-    await fleet.delete(web(replicas=9))
+    await fleet.delete(web_with_dependencies(replicas=9))
 
     def all_removed() -> bool:
         last = works(fleet)
