@@ -37,11 +37,13 @@ class FakeHub:
         self.cluster_facts: dict[str, ClusterFacts] = {}
         self.catalog: dict[tuple[str, str | None, str], TransformationSpec] = {}
         self.forgotten = 0
+        self.fresh_reads = 0
 
     def add(self, obj: dict[str, Any]) -> None:
         self.objects[ObjectRef.of(obj).key] = obj
 
-    async def clusters(self) -> dict[str, ClusterFacts]:
+    async def clusters(self, *, fresh: bool = False) -> dict[str, ClusterFacts]:
+        self.fresh_reads += fresh
         return self.cluster_facts
 
     async def transformations(self) -> Catalog:
@@ -79,14 +81,20 @@ class Harness:
         )
         self.revision = 0
 
-    async def analyze(self, obj: dict[str, Any], *deps: ObjectRef, deleted: bool = False) -> None:
+    async def analyze(
+        self,
+        obj: dict[str, Any],
+        *deps: ObjectRef,
+        deleted: bool = False,
+        strategy: Strategy = Strategy.SPLIT,
+    ) -> None:
         self.revision += 1
         payload = ResourceAnalyzed(
             ref=ObjectRef.of(obj),
             object=obj,
             deleted=deleted,
-            strategy=Strategy.SPLIT,
-            replicas=obj["spec"].get("replicas"),
+            strategy=strategy,
+            replicas=(obj.get("spec") or {}).get("replicas"),
             dependencies=[
                 Dependency(
                     api_version=d.api_version, kind=d.kind, name=d.name, namespace=d.namespace
@@ -390,3 +398,29 @@ async def test_a_dependency_removed_while_another_object_takes_it_is_published_a
     await harness.decide(web, {}, decision="d-2", deleted=True)
     last = (await harness.current())[(CONFIG_REF.key, "a")]
     assert last.manifest is not None and last.dependency_of == [api]
+
+
+async def test_a_cluster_missing_from_the_cache_is_read_fresh(harness: Harness) -> None:
+    harness.hub.cluster_facts["a"] = ClusterFacts("a")
+    obj = deployment()
+    await harness.analyze(obj)
+    await harness.decide(obj, {"a": 9})
+    assert harness.hub.fresh_reads == 0
+    await harness.decide(obj, {"a": 4, "new": 5}, decision="d-2")
+    assert harness.hub.fresh_reads == 1
+
+
+async def test_an_updated_dependency_reaches_the_clusters_that_need_it(harness: Harness) -> None:
+    obj = deployment()
+    await harness.analyze(obj, CONFIG_REF)
+    await harness.decide(obj, {"a": 4, "b": 5})
+    updated = copy.deepcopy(CONFIG)
+    updated["data"] = {"mode": "debug"}
+    await harness.analyze(updated, strategy=Strategy.AS_NEEDED)
+    present = await harness.present()
+    for cluster in ("a", "b"):
+        work = present[(CONFIG_REF.key, cluster)]
+        assert work.manifest is not None and work.manifest["data"] == {"mode": "debug"}
+        assert work.dependency_of == [WEB]
+    await harness.analyze(updated, strategy=Strategy.AS_NEEDED, deleted=True)
+    assert sorted(await harness.present()) == [(WEB.key, "a"), (WEB.key, "b")]

@@ -7,6 +7,8 @@ and decisions arrive in the order they were published):
   the object in its `ObjectRecord`, then reconcile the object's works
   (`Transformer.reconcile`) from the record: level-triggered, so either event, a
   redelivery or a replay converges to the same works.
+* ``ResourceAnalyzed`` of an ``as-needed`` object a policy selects (a ConfigMap
+  that changed) also refreshes its works on the clusters where objects need it.
 * ``ConfigChanged`` — forget the cached transformations (a changed Transformation
   applies from the next render of each object it names).
 
@@ -53,6 +55,7 @@ from kubernetes_asyncio.dynamic import DynamicClient
 from pydantic import Field, ValidationError
 
 from flotilla.common import api, events, kube
+from flotilla.common.api import Strategy
 from flotilla.common.bus import Bus
 from flotilla.common.config import Settings
 from flotilla.common.dispatch import EventBus, Received
@@ -71,7 +74,7 @@ from flotilla.common.service import Runtime
 from flotilla.common.store import Conflict, Store
 from flotilla.transformer import rendering, transformations
 from flotilla.transformer.records import DependentsRecord, ObjectRecord
-from flotilla.transformer.rendering import Rendered
+from flotilla.transformer.rendering import Rendered, needed_clusters
 from flotilla.transformer.steps import ClusterFacts
 from flotilla.transformer.transformations import Catalog
 
@@ -103,7 +106,9 @@ class TransformerSettings(Settings):
 class Hub(Protocol):
     """What the transformer reads from the hub (`KubeHub`; a fake in unit tests)."""
 
-    async def clusters(self) -> dict[str, ClusterFacts]: ...
+    async def clusters(self, *, fresh: bool = False) -> dict[str, ClusterFacts]:
+        """The hub's Clusters; `fresh` reads them now rather than from the cache."""
+        ...
 
     async def transformations(self) -> Catalog: ...
 
@@ -140,7 +145,9 @@ class KubeHub:
         self._clusters = _Cached(ttl, self._list_clusters)
         self._transformations = _Cached(ttl, self._list_transformations)
 
-    async def clusters(self) -> dict[str, ClusterFacts]:
+    async def clusters(self, *, fresh: bool = False) -> dict[str, ClusterFacts]:
+        if fresh:
+            self._clusters.forget()
         found: dict[str, ClusterFacts] = await self._clusters.get()
         return found
 
@@ -286,6 +293,8 @@ class Transformer:
             )
 
         await self.reconcile(analyzed.ref, envelope.key, update)
+        if analyzed.strategy is Strategy.AS_NEEDED:
+            await self._refresh_dependency(analyzed, envelope)
 
     async def on_placement_decided(self, event: Received[PlacementDecided]) -> None:
         decision = event.payload
@@ -294,6 +303,43 @@ class Transformer:
             return record.model_copy(update={"decision": None if decision.deleted else decision})
 
         await self.reconcile(decision.ref, event.envelope.key, update)
+
+    async def _refresh_dependency(self, analyzed: ResourceAnalyzed, envelope: Envelope) -> None:
+        """An ``as-needed`` object a policy selects changed: its works on the clusters
+        where objects need it carry the new content now (removed if it was deleted),
+        rather than waiting for one of those objects to be rendered again."""
+        entry = await self.dependents.get(analyzed.ref.key)
+        if entry is None:
+            return
+        own = await self.objects.get(envelope.key)
+        decision = own.value.decision if own else None
+        decision_id = decision.decision_id if decision else ""
+        clusters = await self.hub.clusters()
+        batch: list[Envelope] = []
+        for cluster, dependents in sorted(entry.value.clusters.items()):
+            if analyzed.deleted:
+                batch.append(
+                    self._removal(
+                        analyzed.ref,
+                        cluster,
+                        decision_id,
+                        envelope.uid,
+                        dedupe=("source-deleted", envelope.revision),
+                    )
+                )
+                continue
+            work = self._dependency_work(
+                analyzed.object,
+                rendering.facts(clusters, cluster),
+                decision_id,
+                dependents,
+                entry.revision,
+                dedupe=("source", envelope.revision),
+            )
+            if work is not None:
+                batch.append(work)
+        if batch:
+            await self.bus.publish_batch(batch)
 
     # -- one reconciliation -------------------------------------------------------------
 
@@ -321,6 +367,10 @@ class Transformer:
             analyzed, decision = record.analyzed, record.decision
             assert analyzed is not None and decision is not None
             clusters = await self.hub.clusters()
+            if needed_clusters(decision) - clusters.keys():
+                # A cluster registered since the cache was read: its labels decide
+                # transformations and defaults, so read them rather than guess.
+                clusters = await self.hub.clusters(fresh=True)
             dependency_objects = await self._dependencies(analyzed)
             chosen = await self._transformations(analyzed, decision)
             rendered, failed = rendering.render_placement(analyzed, decision, clusters, chosen)
