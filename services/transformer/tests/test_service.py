@@ -120,6 +120,7 @@ class Harness:
         decision: str = "d-1",
         deleted: bool = False,
         retiring: tuple[str, ...] = (),
+        rejections: dict[str, list[str]] | None = None,
     ) -> None:
         payload = PlacementDecided(
             ref=ObjectRef.of(obj),
@@ -133,6 +134,7 @@ class Harness:
                 for c, r in sorted(placements.items())
             ],
             deleted=deleted,
+            rejections=rejections or {},
         )
         envelope = events.envelope(
             payload, key=payload.ref.key, producer="test", dedupe=(decision,)
@@ -424,3 +426,32 @@ async def test_an_updated_dependency_reaches_the_clusters_that_need_it(harness: 
         assert work.dependency_of == [WEB]
     await harness.analyze(updated, strategy=Strategy.AS_NEEDED, deleted=True)
     assert sorted(await harness.present()) == [(WEB.key, "a"), (WEB.key, "b")]
+
+
+async def test_clusters_kept_off_for_lacking_the_type_are_named_in_a_warning(
+    harness: Harness,
+) -> None:
+    from flotilla.common.api import GroupVersionKind
+
+    pods_only = frozenset({GroupVersionKind("", "v1", "Pod")})
+    harness.hub.cluster_facts.update(
+        {
+            "old": ClusterFacts("old", api_resources=pods_only),
+            "full": ClusterFacts("full", {"env": "prod"}, api_resources=pods_only),
+            "unreported": ClusterFacts("unreported"),
+        }
+    )
+    obj = deployment()
+    await harness.analyze(obj)
+    await harness.decide(
+        obj,
+        {"new": 9},
+        rejections={"old": ["x"], "unreported": ["y"], "full": ["z"], "gone": ["w"]},
+    )
+    assert harness.reporter.warnings == [
+        (
+            "web",
+            "IncompatibleCluster",
+            "not placed on clusters full, old: they do not serve apps/v1, Kind=Deployment",
+        )
+    ]

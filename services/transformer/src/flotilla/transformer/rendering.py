@@ -124,8 +124,7 @@ def render(obj: Mapping[str, Any], work: Work) -> JsonObject:
     """One manifest: `obj` through the pipeline for `work`; `RenderError` when the
     cluster does not serve its type or a step fails."""
     gvk = GroupVersionKind.from_api_version(str(obj.get("apiVersion", "")), str(obj.get("kind")))
-    served = work.cluster.api_resources
-    if served and gvk not in served:
+    if not serves(work.cluster, gvk):
         raise RenderError(
             "IncompatibleCluster",
             f"cluster {work.cluster.name} does not serve {gvk}; no work is sent there",
@@ -143,6 +142,18 @@ def working_copy(obj: Mapping[str, Any], work: Work) -> JsonObject:
         return work.interpreter.with_replicas(obj, work.replicas)
     except InterpretationError as exc:
         raise RenderError("InvalidObject", str(exc)) from None
+
+
+def serves(cluster: ClusterFacts, gvk: GroupVersionKind) -> bool:
+    """Whether `cluster` serves `gvk` (yes while it has reported no API resources)."""
+    return not cluster.api_resources or gvk in cluster.api_resources
+
+
+def incompatible(
+    gvk: GroupVersionKind, clusters: Mapping[str, ClusterFacts], names: Iterable[str]
+) -> list[str]:
+    """Those of `names` that are known not to serve `gvk`, sorted."""
+    return sorted(n for n in names if n in clusters and not serves(clusters[n], gvk))
 
 
 def facts(clusters: Mapping[str, ClusterFacts], name: str) -> ClusterFacts:

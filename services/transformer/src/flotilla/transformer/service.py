@@ -55,7 +55,7 @@ from kubernetes_asyncio.dynamic import DynamicClient
 from pydantic import Field, ValidationError
 
 from flotilla.common import api, events, kube
-from flotilla.common.api import Strategy
+from flotilla.common.api import GroupVersionKind, Strategy
 from flotilla.common.bus import Bus
 from flotilla.common.config import Settings
 from flotilla.common.dispatch import EventBus, Received
@@ -303,6 +303,23 @@ class Transformer:
             return record.model_copy(update={"decision": None if decision.deleted else decision})
 
         await self.reconcile(decision.ref, event.envelope.key, update)
+        if decision.rejections and not decision.deleted:
+            await self._report_incompatible(decision, event.envelope.key)
+
+    async def _report_incompatible(self, decision: PlacementDecided, key: str) -> None:
+        """A Warning naming the clusters the object was kept off because they do not
+        serve its type (the scheduler's ``api-resources`` filter)."""
+        gvk = GroupVersionKind.from_api_version(decision.ref.api_version, decision.ref.kind)
+        lacking = rendering.incompatible(gvk, await self.hub.clusters(), decision.rejections)
+        entry = await self.objects.get(key)
+        if not lacking or entry is None or entry.value.analyzed is None:
+            return
+        await self._warn(
+            entry.value.analyzed.object,
+            "IncompatibleCluster",
+            f"not placed on cluster{'s' if len(lacking) > 1 else ''} {', '.join(lacking)}: "
+            f"{'they do' if len(lacking) > 1 else 'it does'} not serve {gvk}",
+        )
 
     async def _refresh_dependency(self, analyzed: ResourceAnalyzed, envelope: Envelope) -> None:
         """An ``as-needed`` object a policy selects changed: its works on the clusters
