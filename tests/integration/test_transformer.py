@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kubernetes_asyncio import client as k8s
 
 from flotilla.common import events
-from flotilla.common.testing import eventually
+from flotilla.common.testing import eventually, schemaless_crd
 
 from .fleet import MEMBERS, Fleet
 from .test_end_to_end import NS, fleet, web
@@ -17,6 +18,8 @@ from .test_end_to_end import NS, fleet, web
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
 
 __all__ = ["fleet"]  # the end-to-end fixture, shared with test_end_to_end
+
+WIDGET_CRD = schemaless_crd("example.com", "Widget", "v1")
 
 
 def web_with_dependencies(replicas: int) -> dict[str, Any]:
@@ -115,3 +118,55 @@ async def test_a_split_deployment_and_its_dependencies_reach_exactly_its_cluster
 
     await eventually(all_removed, timeout=45, what="removal of every work of web")
     assert not present(fleet).keys() & wanted
+
+
+async def test_a_type_one_member_lacks_stays_off_it_with_a_warning(fleet: Fleet) -> None:
+    """eu-central reports no Widgets: a copied Widget lands on the other two only, and
+    the user hears which cluster was left out and why."""
+    await fleet.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    crd: Any = WIDGET_CRD
+    await k8s.ApiextensionsV1Api(fleet.api).create_custom_resource_definition(crd)
+    common = (("v1", "Namespace"), ("v1", "ConfigMap"), ("apps/v1", "Deployment"))
+    for member in MEMBERS:
+        if member == "eu-central":
+            await fleet.serve(member, *common)
+        else:
+            await fleet.serve(member, *common, ("example.com/v1", "Widget"))
+    await fleet.create(
+        {
+            "apiVersion": "flotilla.io/v1alpha1",
+            "kind": "ClusterPlacementPolicy",
+            "metadata": {"name": "widgets"},
+            "spec": {
+                "resourceSelectors": [{"apiVersion": "example.com/v1", "kind": "Widget"}],
+                "strategy": "copy",
+            },
+        }
+    )
+    await fleet.create(
+        {
+            "apiVersion": "example.com/v1",
+            "kind": "Widget",
+            "metadata": {"name": "gadget", "namespace": NS},
+            "spec": {"size": 3},
+        }
+    )
+    gadget = ref("example.com/v1", "Widget", "gadget")
+    elsewhere = {(gadget.key, "us-east"), (gadget.key, "us-west")}
+
+    def placed_elsewhere() -> bool:
+        decisions = fleet.of("PlacementDecided", gadget.key)
+        last = decisions[-1].payload if decisions else None
+        return (
+            isinstance(last, events.PlacementDecided)
+            and {p.cluster for p in last.clusters} == {"us-east", "us-west"}
+            and {k for k in present(fleet) if k[0] == gadget.key} == elsewhere
+        )
+
+    await eventually(placed_elsewhere, timeout=45, what="gadget on us-east and us-west only")
+
+    async def warned() -> bool:
+        found = await fleet.warnings(NS, "IncompatibleCluster")
+        return any("eu-central" in (e.message or "") for e in found)
+
+    await eventually(warned, timeout=30, what="an IncompatibleCluster Warning naming eu-central")
