@@ -38,6 +38,7 @@ def ref(api_version: str, kind: str, name: str) -> events.ObjectRef:
 WEB = ref("apps/v1", "Deployment", "web")
 SETTINGS = ref("v1", "ConfigMap", "settings")
 RUNNER = ref("v1", "ServiceAccount", "runner")
+NAMESPACE = events.ObjectRef(api_version="v1", kind="Namespace", name=NS)
 
 
 def works(fleet: Fleet) -> dict[tuple[str, str], events.WorkRendered]:
@@ -89,12 +90,12 @@ async def test_a_split_deployment_and_its_dependencies_reach_exactly_its_cluster
     placed = {p.cluster: p.replicas for p in decided.payload.clusters}
     assert placed == {name: 3 for name in MEMBERS}
 
-    wanted = {(r.key, c) for r in (WEB, SETTINGS, RUNNER) for c in MEMBERS}
+    wanted = {(r.key, c) for r in (WEB, SETTINGS, RUNNER, NAMESPACE) for c in MEMBERS}
 
     def all_rendered() -> bool:
         return wanted <= set(present(fleet))
 
-    await eventually(all_rendered, timeout=45, what="the works of web and its dependencies")
+    await eventually(all_rendered, timeout=60, what="the works of web and its dependencies")
     rendered = present(fleet)
     for cluster in MEMBERS:
         own = rendered[(WEB.key, cluster)].manifest
@@ -103,12 +104,14 @@ async def test_a_split_deployment_and_its_dependencies_reach_exactly_its_cluster
         assert own["metadata"]["annotations"]["flotilla.io/origin"] == WEB.key
         assert own["metadata"]["annotations"]["flotilla.io/decision"] == decided.payload.decision_id
         assert "resourceVersion" not in own["metadata"] and "status" not in own
-        for dependency in (SETTINGS, RUNNER):
+        for dependency in (SETTINGS, RUNNER, NAMESPACE):
             assert rendered[(dependency.key, cluster)].dependency_of == [WEB]
-    # Exactly those clusters, and nothing for objects the Deployment does not need.
-    assert {k for k in rendered if k[0] in (SETTINGS.key, RUNNER.key)} == {
-        (r.key, c) for r in (SETTINGS, RUNNER) for c in MEMBERS
-    }
+    # Exactly those works, and dependencies before the object that needs them.
+    assert set(rendered) == wanted
+    order = [(e.payload.ref.key, e.payload.cluster) for e in fleet.of("WorkRendered")]  # type: ignore[union-attr]
+    for cluster in MEMBERS:
+        assert order.index((NAMESPACE.key, cluster)) < order.index((WEB.key, cluster))
+        assert order.index((SETTINGS.key, cluster)) < order.index((WEB.key, cluster))
 
     await fleet.delete(web_with_dependencies(replicas=9))
 
@@ -116,7 +119,7 @@ async def test_a_split_deployment_and_its_dependencies_reach_exactly_its_cluster
         last = works(fleet)
         return all(key in last and last[key].manifest is None for key in wanted)
 
-    await eventually(all_removed, timeout=45, what="removal of every work of web")
+    await eventually(all_removed, timeout=60, what="removal of every work of web")
     assert not present(fleet).keys() & wanted
 
 
@@ -163,10 +166,10 @@ async def test_a_type_one_member_lacks_stays_off_it_with_a_warning(fleet: Fleet)
             and {k for k in present(fleet) if k[0] == gadget.key} == elsewhere
         )
 
-    await eventually(placed_elsewhere, timeout=45, what="gadget on us-east and us-west only")
+    await eventually(placed_elsewhere, timeout=60, what="gadget on us-east and us-west only")
 
     async def warned() -> bool:
         found = await fleet.warnings(NS, "IncompatibleCluster")
         return any("eu-central" in (e.message or "") for e in found)
 
-    await eventually(warned, timeout=30, what="an IncompatibleCluster Warning naming eu-central")
+    await eventually(warned, timeout=60, what="an IncompatibleCluster Warning naming eu-central")

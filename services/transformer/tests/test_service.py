@@ -455,3 +455,17 @@ async def test_clusters_kept_off_for_lacking_the_type_are_named_in_a_warning(
             "not placed on clusters full, old: they do not serve apps/v1, Kind=Deployment",
         )
     ]
+
+
+async def test_the_objects_namespace_goes_first_and_leaves_with_its_last_object(
+    harness: Harness,
+) -> None:
+    harness.hub.add(manifest("v1", "Namespace", name=NS, namespace=None))
+    namespace = ObjectRef(api_version="v1", kind="Namespace", name=NS)
+    obj = deployment()
+    await harness.analyze(obj, CONFIG_REF)
+    await harness.decide(obj, {"a": 9})
+    assert [w.ref.kind for w in await harness.works()] == ["Namespace", "ConfigMap", "Deployment"]
+    assert (await harness.present())[(namespace.key, "a")].dependency_of == [WEB]
+    await harness.decide(obj, {}, decision="d-2", deleted=True)
+    assert await harness.present() == {}

@@ -17,9 +17,10 @@ One reconciliation (`Transformer.reconcile`):
 1. read the record (a placed object needs both its analysis and its decision;
    until it has both, or once either says deleted, it wants no works at all);
 2. read what rendering needs from the hub: the Clusters' labels and reported API
-   resources, the transformations the object names, its dependencies (only
-   ``as-needed`` ones that exist are synced along; the dependency detector has
-   already warned about missing ones), each cached briefly (`HUB_CACHE_TTL`);
+   resources, the transformations the object names, its dependencies and its own
+   Namespace (only ``as-needed`` ones that exist are synced along; the dependency
+   detector has already warned about missing ones); Clusters and transformations
+   are cached briefly (`HUB_CACHE_TTL`);
 3. render (`flotilla.transformer.rendering`, pure); a work that fails (a failing
    transformation, a cluster that does not serve the type) gets a Warning Event
    naming the cluster and the reason and is skipped: the other clusters' works go
@@ -427,13 +428,19 @@ class Transformer:
     async def _dependencies(self, analyzed: ResourceAnalyzed) -> dict[str, JsonObject]:
         """The object's ``as-needed`` dependencies as the hub has them now, by key."""
         found: dict[str, JsonObject] = {}
-        for dependency in analyzed.dependencies:
-            ref = ObjectRef(
+        refs = [
+            ObjectRef(
                 api_version=dependency.api_version,
                 kind=dependency.kind,
                 name=dependency.name,
                 namespace=dependency.namespace,
             )
+            for dependency in analyzed.dependencies
+        ]
+        if analyzed.ref.namespace:
+            # Every namespaced object needs its Namespace; analyses leave it implicit.
+            refs.append(ObjectRef(api_version="v1", kind="Namespace", name=analyzed.ref.namespace))
+        for ref in refs:
             obj = await self.hub.get(ref)
             if obj is None or not rendering.is_as_needed(obj):
                 continue
