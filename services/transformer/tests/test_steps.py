@@ -81,33 +81,47 @@ def job() -> dict[str, Any]:
 
 
 STRIP_CASES = [
-    ("metadata and status", with_server_fields(manifest("v1", "ConfigMap", data={"a": "1"}))),
-    ("service addresses", with_server_fields(service())),
+    ("metadata and status", with_server_fields(manifest("v1", "ConfigMap", data={"a": "1"})), {}),
+    (
+        "service addresses",
+        with_server_fields(service()),
+        {
+            "type": "NodePort",
+            "selector": {"app": "web"},
+            "ports": [{"port": 80, "targetPort": 8080}],
+        },
+    ),
     (
         "pvc volume name",
         with_server_fields(
             manifest("v1", "PersistentVolumeClaim", {"volumeName": "pv-1", "resources": {}})
         ),
+        {"resources": {}},
     ),
-    ("job selector and controller labels", with_server_fields(job())),
+    (
+        "job selector and controller labels",
+        with_server_fields(job()),
+        {
+            "template": {
+                "metadata": {"labels": {"app": "train"}},
+                "spec": pod_spec(restartPolicy="Never"),
+            }
+        },
+    ),
 ]
 
 
-@pytest.mark.parametrize("obj", [c for _, c in STRIP_CASES], ids=[i for i, _ in STRIP_CASES])
-def test_strip_server_fields(obj: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("obj", "spec"), [c[1:] for c in STRIP_CASES], ids=[c[0] for c in STRIP_CASES]
+)
+def test_strip_server_fields(obj: dict[str, Any], spec: dict[str, Any]) -> None:
     stripped = steps.strip_server_fields(copy.deepcopy(obj), work_for(obj))
     assert "status" not in stripped
     assert not set(SERVER_METADATA) & set(stripped["metadata"])
     assert stripped["metadata"]["annotations"] == {"team": "a"}
-    spec = stripped.get("spec") or {}
-    assert not {"clusterIP", "clusterIPs", "volumeName", "selector"} & set(spec) or (
-        obj["kind"] == "Service" and spec["selector"] == {"app": "web"}
-    )
-    for port in spec.get("ports", []):
-        assert "nodePort" not in port
+    assert stripped.get("spec", {}) == spec
     if obj["kind"] == "Job":
         assert stripped["metadata"]["labels"] == {"app": "train"}
-        assert spec["template"]["metadata"]["labels"] == {"app": "train"}
 
 
 def test_origin_labels_and_annotations() -> None:
@@ -217,3 +231,27 @@ def test_pipeline_refuses_a_duplicate_step() -> None:
         "namespace-mapping",
         "security-defaults",
     )
+
+
+@pytest.mark.parametrize(
+    ("obj", "path", "expected"),
+    [
+        (
+            manifest("v1", "Service", {"clusterIP": "None", "clusterIPs": ["None"]}),
+            "spec",
+            {"clusterIP": "None", "clusterIPs": ["None"]},
+        ),
+        (
+            manifest(
+                "batch/v1",
+                "Job",
+                {"manualSelector": True, "selector": {"matchLabels": {"run": "x"}}},
+            ),
+            "spec.selector",
+            {"matchLabels": {"run": "x"}},
+        ),
+    ],
+    ids=["headless service keeps clusterIP None", "manual job selector is kept"],
+)
+def test_strip_keeps_what_the_user_chose(obj: dict[str, Any], path: str, expected: Any) -> None:
+    assert at(steps.strip_server_fields(copy.deepcopy(obj), work_for(obj)), path) == expected

@@ -167,14 +167,18 @@ def strip_server_fields(manifest: JsonObject, work: Work) -> JsonObject:
     group = GroupVersionKind.from_api_version(str(manifest.get("apiVersion", "")), "").group
     kind = manifest.get("kind")
     if kind == "Service" and group == "":
-        spec.pop("clusterIP", None)
-        spec.pop("clusterIPs", None)
+        # "None" is the user's choice of a headless Service, not an allocated address.
+        if spec.get("clusterIP") != "None":
+            spec.pop("clusterIP", None)
+            spec.pop("clusterIPs", None)
         for port in _dicts(spec.get("ports")):
             port.pop("nodePort", None)
     elif kind == "PersistentVolumeClaim" and group == "":
         spec.pop("volumeName", None)
     elif kind == "Job" and group == "batch":
-        spec.pop("selector", None)
+        # A generated selector names the hub Job's uid; a manual one is the user's.
+        if not spec.get("manualSelector"):
+            spec.pop("selector", None)
         _drop_labels(metadata)
         template = spec.get("template")
         if isinstance(template, dict) and isinstance(template.get("metadata"), dict):
