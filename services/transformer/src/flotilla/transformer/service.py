@@ -39,6 +39,19 @@ A dependency removal races a dependent arriving on the same cluster through
 another object (another key, maybe another replica): after publishing a removal,
 the dependents record is read again and, if someone needs the dependency there
 by now, its work is published once more, after the removal.
+
+Decisions where the brief is silent:
+
+* A decision that kept the object off clusters because they do not serve its type
+  (its ``rejections``, checked against the clusters' reported ``apiResources``)
+  gets one ``IncompatibleCluster`` Warning naming them; the scheduler's
+  ``api-resources`` filter is what keeps the object off.
+* Clusters are read from the hub (not followed from ``ClusterObserved``): a
+  decision naming a cluster the cache does not know reads them again at once.
+  A changed Cluster label or Transformation takes effect at each object's next
+  render (its next analysis or decision), not by itself.
+* A dependency's work carries the decision id of the render that sent it; the
+  hub generation annotation is the dependency's own.
 """
 
 from __future__ import annotations
