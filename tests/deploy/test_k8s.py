@@ -4,6 +4,7 @@ and the base applies to a (simulated) cluster with server-side validation."""
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -71,11 +72,19 @@ SECRETS_IN_SYSTEM = {"get", "list", "watch"}
 
 
 def kubectl() -> Path:
-    for candidate in sorted((ROOT / ".cache" / "kubectl").glob("*/kubectl")):
-        return candidate
+    """The kubectl the kubesim kubectl suite fetches (v1.34), else one on PATH."""
+    harness = ROOT / "libs" / "kubesim" / "tests" / "kubectl" / "harness.py"
+    spec = importlib.util.spec_from_file_location("kubectl_harness", harness)
+    if spec is not None and spec.loader is not None:
+        module = sys.modules.get(spec.name) or importlib.util.module_from_spec(spec)
+        if spec.name not in sys.modules:
+            sys.modules[spec.name] = module  # its dataclasses look themselves up there
+            spec.loader.exec_module(module)
+        fetched: Path = module.fetch_kubectl()
+        return fetched
     found = shutil.which("kubectl")
     if found is None:
-        pytest.skip("no kubectl: `make bootstrap` and the kubesim kubectl tests fetch one")
+        pytest.skip("no kubectl")
     return Path(found)
 
 

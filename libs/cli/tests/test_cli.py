@@ -256,11 +256,10 @@ def test_drain_wait_shows_progress_until_drained(state: Path) -> None:
 
 def test_kubectl_reads_the_started_hub(state: Path) -> None:
     env = environment.load(state)
-    kubectl = shutil.which("kubectl")
+    fetched = sorted((Path(__file__).parents[3] / ".cache" / "kubectl").glob("kubectl-*"))
+    kubectl = str(fetched[-1]) if fetched else shutil.which("kubectl")
     if kubectl is None:
-        pytest.skip("no kubectl on this machine")
-    if "server: http://" in Path(env.hub.kubeconfig).read_text():
-        pytest.skip("kubectl sends no token over plain http: needs kubesim's TLS")
+        pytest.skip("no kubectl (the kubesim kubectl suite fetches one into .cache/kubectl)")
     done = subprocess.run(
         [kubectl, "get", "clusters"],
         capture_output=True,

@@ -313,6 +313,14 @@ def test_a_kubeconfig_is_rewritten_to_reach_its_server_by_name(tmp_path: Path) -
     assert yaml.safe_load(target.read_text())["clusters"][0]["cluster"]["server"] == (
         "http://hub:6443"
     )
+    source.write_text(
+        yaml.safe_dump({"clusters": [{"name": "m", "cluster": {"server": "https://0.0.0.0:6443"}}]})
+    )
+    cluster = yaml.safe_load(environment.reachable_as(source, "m", target).read_text())
+    assert cluster["clusters"][0]["cluster"] == {
+        "server": "https://m:6443",
+        "tls-server-name": "localhost",
+    }
 
 
 def test_the_reference_pages_are_generated_from_the_code_and_current() -> None:

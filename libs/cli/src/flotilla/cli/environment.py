@@ -584,6 +584,10 @@ def reachable_as(kubeconfig: Path, host: str, target: Path) -> Path:
         entry["cluster"]["server"] = urllib.parse.urlunsplit(
             (server.scheme, f"{host}{port}", server.path, "", "")
         )
+        if server.scheme == "https":
+            # kubesim's certificate names the address it bound to and localhost,
+            # never the name other containers reach it by.
+            entry["cluster"].setdefault("tls-server-name", "localhost")
     target.write_text(yaml.safe_dump(document, sort_keys=False))
     os.chmod(target, 0o600)
     return target
