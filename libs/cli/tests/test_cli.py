@@ -162,7 +162,8 @@ async def test_events_follow_prints_what_happens_next(
         )
     )
     try:
-        await polled(state, "cordon", "eu-central")
+        # As a process: an in-process command would take this process's stdout over.
+        await asyncio.to_thread(flotilla, state, "cordon", "eu-central")
 
         def cordoned() -> bool:
             return "cluster eu-central" in capsys.readouterr().out
@@ -172,7 +173,7 @@ async def test_events_follow_prints_what_happens_next(
         follow.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await follow
-        await polled(state, "uncordon", "eu-central")
+        await asyncio.to_thread(flotilla, state, "uncordon", "eu-central")
 
 
 def test_replay_decides_the_recorded_window_again_and_shows_a_policy_change(
@@ -198,6 +199,19 @@ def test_replay_decides_the_recorded_window_again_and_shows_a_policy_change(
 
     only_web = inprocess(state, "replay", "--since", "1h", "--key", "default/web").stdout
     assert TRAINER not in only_web and WEB in only_web
+
+
+def test_registering_a_member_again_updates_it_in_place(state: Path) -> None:
+    env = environment.load(state)
+    member = f"us-west={env.clusters['us-west'].kubeconfig}"
+    hub_kubeconfig = env.hub.kubeconfig
+    done = inprocess(state, "register", "--hub", hub_kubeconfig, "--member", member)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("registered us-west on ")
+    clusters = yaml.safe_load(inprocess(state, "get", "clusters", "-o", "yaml").stdout)
+    west = next(c for c in clusters if c["metadata"]["name"] == "us-west")
+    assert west["metadata"]["labels"]["region"] == "us-west"
+    assert len(clusters) == 3
 
 
 def test_cordon_and_uncordon_show_in_get_clusters(state: Path) -> None:

@@ -501,6 +501,8 @@ def member_objects(
 ) -> tuple[Any, dict[str, Any]]:
     """What registers a member on the hub: its kubeconfig Secret and its `Cluster`."""
     secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
         "metadata": {"name": name, "namespace": system_namespace},
         "stringData": {"kubeconfig": kubeconfig},
     }
@@ -517,6 +519,21 @@ def member_objects(
         },
     }
     return secret, cluster
+
+
+async def _apply(
+    dyn: DynamicClient, resource: Any, body: dict[str, Any], name: str, namespace: str | None
+) -> dict[str, Any]:
+    return kube.checked(
+        await dyn.server_side_apply(
+            resource,
+            body=body,
+            name=name,
+            namespace=namespace,
+            field_manager="flotilla-register",
+            force_conflicts=True,
+        )
+    )
 
 
 async def register(
@@ -545,8 +562,11 @@ async def register(
             for name, (kubeconfig, labels) in members.items():
                 text = await asyncio.to_thread(kubeconfig.read_text)
                 secret, cluster = member_objects(name, labels, text, system_namespace)
-                await core.create_namespaced_secret(system_namespace, secret)
-                created = kube.checked(await dyn.create(resource, body=cluster))
+                # Server-side apply: registering again (a restarted compose, a second
+                # `flotilla register`) updates what is there instead of failing.
+                secrets = await kube.resource_for(dyn, "v1", "Secret")
+                await _apply(dyn, secrets, secret, name, system_namespace)
+                created = await _apply(dyn, resource, cluster, name, None)
                 if mark_ready:
                     await cache.put(member_capacity(name, gpu="gpu" in labels))
                     status = {
