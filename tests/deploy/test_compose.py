@@ -104,3 +104,11 @@ def test_the_image_is_multi_stage_slim_and_not_root() -> None:
     user = [line for line in lines if line.startswith("USER ")]
     assert user and user[-1].split()[1].split(":")[0] not in ("root", "0")
     assert any("uv sync --frozen" in line for line in lines), "built from the lock file"
+
+
+def test_simulated_clusters_keep_their_ca_across_restarts() -> None:
+    services = compose()["services"]
+    for name in ("hub", *MEMBERS):
+        command = services[name]["command"]
+        assert command[command.index("--tls-dir") + 1] == f"/kube/tls-{name}"
+        assert command[command.index("--kubeconfig") + 1] == f"/kube/{name}.yaml"
