@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from flotilla.kubesim import patch as patches
+from flotilla.common import patches
 from flotilla.kubesim import schema as crd_schema
 from flotilla.kubesim.resources import BUILTIN_TYPES, ResourceType
 
