@@ -2,8 +2,8 @@
 
 Enabled from the root `conftest.py`. Module-scoped NATS and session-scoped Redis
 servers are shared by tests that only need *a* server (each test isolates itself
-by unique stream/key names); the function-scoped `fresh_nats` / `fresh_redis` belong to one test, which may kill
-and restart them.
+by unique stream/key names); the function-scoped `fresh_nats` / `fresh_redis`
+belong to one test, which may kill and restart them.
 
 Every async test also fails if it leaves asyncio tasks running (kopf's
 ``_no_asyncio_pending_tasks``), and `eventually` is the one way tests wait for an
