@@ -80,6 +80,14 @@ BUCKETS: tuple[BucketDeclaration, ...] = (
     ),
     BucketDeclaration("watcher", "positions", "watch resume positions per watched type"),
     BucketDeclaration("watcher", "watcher-records", "what the watcher last published per object"),
+    BucketDeclaration(
+        "aggregator", "aggregator-reports", "each object's placement and latest member reports"
+    ),
+    BucketDeclaration("aggregator", "aggregator-clusters", "which clusters are Ready"),
+    BucketDeclaration(
+        "drain", "drain-objects", "each object's placement, availability and move progress"
+    ),
+    BucketDeclaration("drain", "drain-clusters", "each cluster's cordon, drain and readiness"),
 )
 """Every service's buckets, created by `flotilla.common.bus.Bus.ensure`."""
 
