@@ -26,6 +26,12 @@ class ResourceType:
     subresources: frozenset[str] = frozenset()
     short_names: tuple[str, ...] = ()
     custom: bool = False
+    keyed_lists: tuple[tuple[str, str], ...] = ()
+    """A custom type's lists declared ``x-kubernetes-list-type: map`` with one key:
+    (field name, key). Server-side apply merges them by that key."""
+
+    def list_key(self, field: str) -> str | None:
+        return dict(self.keyed_lists).get(field) if self.custom else None
 
     @property
     def api_version(self) -> str:
