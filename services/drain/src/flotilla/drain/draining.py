@@ -138,6 +138,8 @@ class ClusterRecord(_Model):
     taints: list[Taint] = Field(default_factory=list)
     conditions: list[Condition] = Field(default_factory=list)
     """This coordinator's conditions as last seen on the hub (transition times)."""
+    placements: int | None = None
+    """``status.placements`` as last seen on the hub."""
 
     def draining(self, now: datetime) -> bool:
         return self.evict_after is not None and self.evict_after <= now
@@ -155,6 +157,9 @@ class Timing:
     """Seconds between repeated requests of a move that has not happened."""
     history: int = 20
     """Entries kept in ``flotilla.io/failover-history``."""
+
+
+DEFAULT_TIMING = Timing()
 
 
 @dataclass(frozen=True)
@@ -327,7 +332,7 @@ def plan(
     record: ObjectRecord,
     clusters: Mapping[str, ClusterRecord],
     now: datetime,
-    timing: Timing = Timing(),
+    timing: Timing = DEFAULT_TIMING,
 ) -> Plan:
     """What should happen to `record` at `now` (module docstring)."""
     moves = {c: m for c, m in record.moves.items() if record.on(c) is not None}
