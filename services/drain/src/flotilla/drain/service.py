@@ -200,6 +200,10 @@ class Coordinator:
 
     def _cluster_changed(self, name: str, _value: ClusterRecord | None, _revision: int) -> None:
         self._dirty |= self.by_cluster.get(name, set())
+        # Objects that failed over from it may fail back (rare: a scan is fine).
+        self._dirty |= {
+            k for k, e in self.objects_view.entries.items() if name in e.value.failed_from
+        }
         self._dirty_clusters.add(name)
         self.wake()
 
