@@ -37,7 +37,6 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.dynamic import DynamicClient
 from pydantic import BaseModel, ConfigDict, Field
@@ -69,7 +68,6 @@ log = logging.getLogger(__name__)
 
 SERVICE = "aggregator"
 COMPONENT = "flotilla-aggregator"
-MERGE_PATCH = "application/merge-patch+json"
 WRITE_ATTEMPTS = 5
 CAS_ATTEMPTS = 8
 JsonObject = dict[str, Any]
@@ -283,7 +281,7 @@ class Aggregator:
         except InvalidObject:
             return  # the hub no longer serves the type: nothing to write to
         for _ in range(WRITE_ATTEMPTS):
-            obj = await self._get(resource, ref)
+            obj = await kube.get_or_none(self.dyn, resource, ref.name, ref.namespace)
             if obj is None:
                 return
             metadata = obj.get("metadata") or {}
@@ -323,15 +321,7 @@ class Aggregator:
                             "resourceVersion": (obj.get("metadata") or {}).get("resourceVersion"),
                         }
                     }
-                    kube.checked(
-                        await self.dyn.patch(
-                            resource,
-                            patch,
-                            name=ref.name,
-                            namespace=ref.namespace,
-                            content_type=MERGE_PATCH,
-                        )
-                    )
+                    await kube.merge_patch(self.dyn, resource, patch, ref.name, ref.namespace)
                     self.annotation_writes += 1
                 return
             except ApiException as exc:
@@ -346,31 +336,14 @@ class Aggregator:
                 raise kube.translate(exc) from exc
         raise Unavailable(f"{key}: the hub object kept changing under the status write")
 
-    async def _get(self, resource: Any, ref: events.ObjectRef) -> JsonObject | None:
-        try:
-            return kube.checked(
-                await self.dyn.get(
-                    resource,
-                    name=ref.name,
-                    namespace=ref.namespace if resource.namespaced else None,
-                )
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise kube.translate(exc) from exc
-        except Exception as exc:
-            raise kube.translate(exc) from exc
-
 
 async def setup(rt: Runtime) -> Aggregator:
     """Compose one replica: the hub client, the buckets, the handlers and the flushes."""
     settings = rt.settings_as(AggregatorSettings)
     if not isinstance(rt.bus, Bus):
         raise ConfigError("the aggregator keeps its records in JetStream KV")
-    hub: ApiClient = await kube.hub_client(settings)
+    hub, dyn = await kube.hub_dynamic(settings)
     rt.on_close(hub.close)
-    dyn = await DynamicClient(hub)
     topology = rt.bus.topology
     aggregator = Aggregator(
         dyn,

@@ -42,7 +42,6 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.dynamic import DynamicClient
 from pydantic import Field
@@ -70,7 +69,6 @@ log = logging.getLogger(__name__)
 
 SERVICE = "drain"
 FIELD_MANAGER = "flotilla-drain"
-MERGE_PATCH = "application/merge-patch+json"
 CAS_ATTEMPTS = 8
 PLAN_CONCURRENCY = 64
 OWN_CONDITIONS = frozenset(
@@ -430,15 +428,7 @@ class Coordinator:
         ref = record.ref
         try:
             resource = await kube.resource_for(self.dyn, ref.api_version, ref.kind)
-            kube.checked(
-                await self.dyn.patch(
-                    resource,
-                    patch,
-                    name=ref.name,
-                    namespace=ref.namespace,
-                    content_type=MERGE_PATCH,
-                )
-            )
+            await kube.merge_patch(self.dyn, resource, patch, ref.name, ref.namespace)
         except ApiException as exc:
             if exc.status != 404:
                 log.warning("failover history of %s not written: %s", ref.key, kube.translate(exc))
@@ -520,9 +510,8 @@ async def setup(rt: Runtime) -> Coordinator:
     settings = rt.settings_as(DrainSettings)
     if not isinstance(rt.bus, Bus):
         raise ConfigError("the drain coordinator keeps its records in JetStream KV")
-    hub: ApiClient = await kube.hub_client(settings)
+    hub, dyn = await kube.hub_dynamic(settings)
     rt.on_close(hub.close)
-    dyn = await DynamicClient(hub)
     topology = rt.bus.topology
     recorder = kube.EventRecorder(hub, FIELD_MANAGER)
     coordinator = Coordinator(
