@@ -333,7 +333,10 @@ class Coordinator:
             delay = self.max_sleep
             if due is not None:
                 delay = min(delay, max((due - now).total_seconds(), 0.0))
-            if delay > 0 and not self._dirty:
+            if self._dirty:
+                # Lost compare-and-sets: give the follower a moment to bring the news.
+                delay = min(delay, 0.02)
+            if delay > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), delay)
 
