@@ -100,13 +100,11 @@ class Setup:
         resource = await self.resource(CLUSTER, "Cluster")
         spec: dict[str, Any] = {"unschedulable": unschedulable}
         spec["evictAfter"] = stamp(evict_after) if evict_after else None
-        try:
-            current = kube.checked(await self.dyn.get(resource, name=name))
-        except Exception:
-            current = await self.create(
+        if await kube.get_or_none(self.dyn, resource, name) is None:
+            await self.create(
                 {"apiVersion": CLUSTER, "kind": "Cluster", "metadata": {"name": name}}
             )
-        current = kube.checked(
+        kube.checked(
             await self.dyn.patch(
                 resource,
                 {"spec": spec},
@@ -114,24 +112,27 @@ class Setup:
                 content_type="application/merge-patch+json",
             )
         )
-        conditions = [
-            c for c in (current.get("status") or {}).get("conditions") or [] if c["type"] != "Ready"
-        ]
         ready_condition = {
             "type": "Ready",
             "status": "True" if ready else "False",
             "reason": "Heartbeat",
             "lastTransitionTime": stamp(since or datetime.now(UTC)),
         }
-        body = {
-            **current,
-            "status": {
-                **(current.get("status") or {}),
-                "conditions": [ready_condition, *conditions],
-            },
+        # As the syncer writes it: server-side apply of its own condition only.
+        applied = {
+            "apiVersion": CLUSTER,
+            "kind": "Cluster",
+            "metadata": {"name": name},
+            "status": {"conditions": [ready_condition]},
         }
         updated = kube.checked(
-            await self.dyn.replace(resource.subresources["status"], body=body, name=name)
+            await self.dyn.server_side_apply(
+                resource.subresources["status"],
+                body=applied,
+                name=name,
+                field_manager="flotilla-syncer",
+                force_conflicts=True,
+            )
         )
         await self.observe_cluster(updated)
 

@@ -337,8 +337,11 @@ class Coordinator:
                 # Lost compare-and-sets: give the follower a moment to bring the news.
                 delay = min(delay, 0.02)
             if delay > 0:
+                # asyncio.timeout, not wait_for: on 3.11 wait_for may swallow a
+                # cancellation that coincides with the wake-up, and the loop never ends.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
 
     async def tick(self, now: datetime) -> None:
         """One round: plan what changed or is due, act, then write cluster conditions."""
