@@ -227,6 +227,14 @@ def test_a_copy_the_scheduler_retired_on_its_own_is_released_when_the_new_one_is
     assert result.record.moves["a"].kind is MoveKind.RETIRE
 
 
+def test_clusters_not_observed_yet_release_nothing_early() -> None:
+    """A coordinator that has not seen the clusters yet (a fresh start, events in any
+    order) waits for readiness as usual; it never takes "unknown" for "gone"."""
+    record = ready(web(("b", 9, A), ("a", 9, R)), a=9, b=9)
+    assert plan(record, {}, at(0), TIMING).commands == []
+    assert plan(record, {"b": ClusterRecord(name="b")}, at(1), TIMING).commands != []
+
+
 def test_a_lost_release_is_sent_again_after_the_retry_interval() -> None:
     record = ready(web(("b", 9, A), ("a", 9, R)), a=9, b=9)
     released = plan(record, fleet(), at(0), TIMING).record

@@ -402,7 +402,7 @@ def plan(
             moves[name] = move
             continue
         reason = ""
-        if move.kind is MoveKind.FAILOVER or cluster is None:
+        if move.kind is MoveKind.FAILOVER:
             reason = f"failover: the copy on {name} is not waited for"
         elif new_copies_ready(record, clusters):
             reason = "the new copies are ready"
