@@ -141,7 +141,7 @@ A, R = PlacementState.ACTIVE, PlacementState.RETIRING
 async def test_nine_replicas_three_ways_one_write_and_a_dead_member_goes_stale(
     kubesim_factory: Any, nats_server: NatsServer, unique: str
 ) -> None:
-    async with aggregator(kubesim_factory, nats_server, f"ag{unique}", window=0.5) as s:
+    async with aggregator(kubesim_factory, nats_server, f"ag{unique}", window=1.0) as s:
         obj = await s.create(web())
         await s.placed(obj, ("a", 3, A), ("b", 3, A), ("c", 3, A))
         for cluster in "abc":  # several reports per member inside one window
