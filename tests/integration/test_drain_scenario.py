@@ -47,7 +47,8 @@ pytestmark = [
     pytest.mark.timeout(420),
     pytest.mark.skipif(
         bool(NOT_MERGED),
-        reason=f"{' and '.join(NOT_MERGED)} do not define their setup yet (not merged): "
+        reason=f"{' and '.join(NOT_MERGED)} "
+        f"{'does' if len(NOT_MERGED) == 1 else 'do'} not define setup yet (not merged): "
         "this scenario needs all seven services",
     ),
 ]
