@@ -15,7 +15,7 @@ from kubernetes_asyncio import config
 from kubernetes_asyncio.dynamic import DynamicClient
 
 from flotilla.aggregator import service
-from flotilla.common import events, kube
+from flotilla.common import builders, events, kube
 from flotilla.common.api import CLUSTER_STATUS_ANNOTATION, PLACEMENT_ANNOTATION, PlacementState
 from flotilla.common.builders import container, manifest, pod_spec, template
 from flotilla.common.dispatch import EventBus
@@ -58,16 +58,8 @@ class Setup:
         )
 
     async def placed(self, obj: Any, *clusters: tuple[str, int, PlacementState]) -> None:
-        ref = events.ObjectRef.of(obj)
-        decided = events.PlacementDecided(
-            ref=ref,
-            decision_id=f"d{self._n}",
-            clusters=[
-                events.ClusterPlacement(cluster=c, replicas=n, state=s) for c, n, s in clusters
-            ],
-            reason="split",
-        )
-        await self.publish(decided, ref.key)
+        decision = builders.decided(obj, *clusters, decision_id=f"d{self._n}", reason="split")
+        await self.publish(decision, decision.ref.key)
 
     async def member(self, obj: Any, cluster: str, hub_generation: int = 1, **status: Any) -> None:
         ref = events.ObjectRef.of(obj)
@@ -151,7 +143,8 @@ async def test_nine_replicas_three_ways_one_write_and_a_dead_member_goes_stale(
 
         async def aggregated() -> dict[str, Any] | None:
             hub = await s.get(obj)
-            return hub if hub.get("status", {}).get("readyReplicas") == 9 else None
+            written = CLUSTER_STATUS_ANNOTATION in (hub["metadata"].get("annotations") or {})
+            return hub if written and hub.get("status", {}).get("readyReplicas") == 9 else None
 
         hub = await eventually(aggregated, what="readyReplicas 9 on the hub")
         assert hub["status"]["availableReplicas"] == 9
@@ -173,7 +166,9 @@ async def test_nine_replicas_three_ways_one_write_and_a_dead_member_goes_stale(
 
         async def stale() -> dict[str, Any] | None:
             hub = await s.get(obj)
-            return hub if hub["status"].get("availableReplicas") == 6 else None
+            entries = json.loads(hub["metadata"]["annotations"][CLUSTER_STATUS_ANNOTATION])
+            marked = {e["cluster"]: e["stale"] for e in entries}.get("b")
+            return hub if marked and hub["status"].get("availableReplicas") == 6 else None
 
         hub = await eventually(stale, what="availableReplicas 6 with b down")
         entries = json.loads(hub["metadata"]["annotations"][CLUSTER_STATUS_ANNOTATION])

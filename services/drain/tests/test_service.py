@@ -18,7 +18,7 @@ from kubernetes_asyncio import config
 from kubernetes_asyncio.dynamic import DynamicClient
 from nats.aio.msg import Msg
 
-from flotilla.common import events, kube
+from flotilla.common import builders, events, kube
 from flotilla.common.api import (
     FAILOVER_HISTORY_ANNOTATION,
     PlacementPolicySpec,
@@ -162,15 +162,8 @@ class Setup:
         await self.publish(payload, ref.key)
 
     async def placed(self, obj: Any, *clusters: tuple[str, int, PlacementState]) -> None:
-        ref = events.ObjectRef.of(obj)
-        decided = events.PlacementDecided(
-            ref=ref,
-            decision_id=f"d{self._n}",
-            clusters=[
-                events.ClusterPlacement(cluster=c, replicas=n, state=s) for c, n, s in clusters
-            ],
-        )
-        await self.publish(decided, ref.key)
+        decision = builders.decided(obj, *clusters, decision_id=f"d{self._n}")
+        await self.publish(decision, decision.ref.key)
 
     async def member(self, obj: Any, cluster: str, available: int, ready: bool) -> None:
         ref = events.ObjectRef.of(obj)

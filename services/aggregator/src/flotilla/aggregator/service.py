@@ -119,6 +119,8 @@ class Aggregator:
         self.by_cluster: defaultdict[str, set[str]] = defaultdict(set)
         """cluster → keys of objects placed there (what a readiness change re-folds)."""
         self._pending: dict[str, asyncio.Task[None]] = {}
+        """key → its flush that has not started writing yet (what new reports join)."""
+        self._flushes: set[asyncio.Task[None]] = set()
         self.status_writes = 0
         self.annotation_writes = 0
         self.conflicts = 0
@@ -245,7 +247,10 @@ class Aggregator:
         """Fold and write `key` once the window has passed (one pending flush per key)."""
         if key not in self._pending:
             wait = self.window if delay is None else delay
-            self._pending[key] = asyncio.create_task(self._flush_later(key, wait))
+            task = asyncio.create_task(self._flush_later(key, wait))
+            self._pending[key] = task
+            self._flushes.add(task)
+            task.add_done_callback(self._flushes.discard)
 
     async def _flush_later(self, key: str, delay: float) -> None:
         await asyncio.sleep(delay)
@@ -258,7 +263,7 @@ class Aggregator:
             self.schedule(key, min(max(delay * 2, 0.5), 30.0))
 
     async def close(self) -> None:
-        tasks = list(self._pending.values())
+        tasks = list(self._flushes)  # pending ones and those writing right now
         self._pending.clear()
         for task in tasks:
             task.cancel()
