@@ -41,7 +41,7 @@ from flotilla.kubesim.sim import SimOptions
 from flotilla.kubesim.testing import KubeSimFactory
 
 SYSTEM_NAMESPACE = "flotilla-system"
-SERVICES = ("watcher", "depdetector", "scheduler", "transformer")
+SERVICES = ("watcher", "depdetector", "scheduler", "transformer", "aggregator", "drain")
 """The services built so far, started in this order."""
 
 
@@ -250,6 +250,13 @@ async def running_fleet(
             try:
                 for service in services:
                     await fleet.start_service(service)
+                # On a loaded machine six Python processes take a while to import and
+                # connect; a test's own waits start once every service is up.
+                await eventually(
+                    lambda: all(f"{s} started" in fleet.log(s) for s in services),
+                    timeout=240,
+                    what="every service started",
+                )
                 yield fleet
             finally:
                 for service in list(fleet.processes):

@@ -385,6 +385,7 @@ def test_status_rules_pair_each_compiled_path_with_its_op(registry: Registry) ->
         (".status.readyReplicas", "sum"),
         (".status.availableReplicas", "sum"),
         (".status.updatedReplicas", "sum"),
+        (".status.unavailableReplicas", "sum"),
     ]
     status = {"status": {"readyReplicas": 2}}
     assert paths.get_all(status, rules[1][0]) == [2]
