@@ -467,7 +467,7 @@ def test_input_with_its_own_fleet_decides_like_a_shared_one() -> None:
         shared.analyzed,
         policy=None,
         clusters=[c.build() for c in reversed(clusters)],
-        snapshot=shared.fleet.snapshot,
+        snapshot=shared.fleet,
         now=NOW,
     )
     assert schedule(own) == schedule(shared)
@@ -479,3 +479,65 @@ def test_naive_now_is_taken_as_utc() -> None:
     inp = make_input(make_pod(), clusters, previous=placed(("a", 1)), policy=tolerated)
     naive = dataclasses.replace(inp, now=NOW.replace(tzinfo=None) + timedelta(minutes=2))
     assert active(schedule(naive)) == {"b": 1}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    clusters=fleets(),
+    policy=policies(),
+    replicas=st.integers(0, 12),
+    held=st.lists(st.tuples(st.integers(0, 6), st.integers(1, 5)), max_size=3),
+    patches=st.lists(
+        st.lists(
+            st.tuples(st.integers(0, 6), st.one_of(st.none(), st.integers(0, 4000))),
+            min_size=1,
+            max_size=3,
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_patched_fleet_decides_like_a_fresh_one(
+    clusters: list[ClusterBuilder],
+    policy: PolicyBuilder | None,
+    replicas: int,
+    held: list[tuple[int, int]],
+    patches: list[list[tuple[int, int | None]]],
+) -> None:
+    """A fleet patched record by record (warm memos in between) decides exactly as a
+    fleet built fresh from the final records: same decision, same decision_id."""
+    objects = [
+        make_deployment(replicas=replicas).with_requests(cpu="500m"),
+        make_daemonset(),
+        make_pod().with_requests(cpu="1"),
+    ]
+    previous = placed(*{f"c{i}": n for i, n in held}.items())
+    patched = fleet(*clusters)
+    records = {c.name: c.record() for c in clusters}
+    for patch in patches:
+        for obj in objects:  # warm every memo on the current records
+            schedule(make_input(obj, patched, policy=policy, previous=previous))
+        change: dict[str, capacity.ClusterCapacity | None] = {}
+        for index, reserved_cpu in patch:
+            name = f"c{index}"
+            if name not in records:
+                continue
+            base = next(c for c in clusters if c.name == name).record()
+            change[name] = (
+                None
+                if reserved_cpu is None or base is None
+                else base.model_copy(update={"reserved": {"cpu": reserved_cpu, "pods": 1}})
+            )
+        records.update(change)
+        patched.patch(change)
+    snapshot = capacity.Snapshot(
+        clusters={n: r for n, r in records.items() if r is not None}, taken_at=NOW.timestamp()
+    )
+    fresh = Fleet([c.build() for c in clusters], snapshot)
+    assert patched.fingerprint == fresh.fingerprint
+    for obj in objects:
+        warm = schedule(make_input(obj, patched, policy=policy, previous=previous))
+        cold = schedule(make_input(obj, fresh, policy=policy, previous=previous))
+        assert warm == cold
+        assert warm.decision_id == cold.decision_id
+        assert list(warm.rejections) == list(cold.rejections)

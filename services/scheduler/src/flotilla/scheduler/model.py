@@ -301,10 +301,17 @@ class Fleet:
     """The clusters plus one capacity snapshot, prepared for many decisions.
 
     Views are ordered by cluster name, so every loop over the fleet is deterministic
-    whatever order the clusters arrived in. A fleet lives as long as its snapshot:
-    its memos grow with the distinct policies and request shapes decided against it
-    and are dropped with it when the next snapshot replaces it. It is not safe to
-    share between threads (the scheduler service is one asyncio loop).
+    whatever order the clusters arrived in. Its memos grow with the distinct
+    policies and request shapes decided against it.
+
+    `patch` replaces the capacity records of a few clusters in place (a service
+    applying its own claims, or re-reading a cluster that refused one): only those
+    clusters' views and fingerprint parts are rebuilt, and every memo that reads
+    capacity (fits per shape, the core's filter verdicts) recomputes just the
+    clusters changed since it was filled, the next time it is read. A patched
+    fleet decides exactly as a fleet built fresh from the same clusters and
+    records would, ``decision_id`` included. It is not safe to share between
+    threads (the scheduler service is one asyncio loop).
     """
 
     def __init__(self, clusters: Iterable[api.Cluster], snapshot: CapacitySnapshot) -> None:
@@ -315,24 +322,112 @@ class Fleet:
                 raise ValueError(f"cluster {name!r} appears twice in the fleet")
             by_name[name] = cluster
         self.clusters: tuple[api.Cluster, ...] = tuple(by_name[n] for n in sorted(by_name))
-        self.snapshot = snapshot
+        self._cluster_by_name = by_name
+        self.records: dict[str, CapacityRecord] = {}
+        """Cluster → its capacity record (clusters without one are absent)."""
+        self._cluster_digest: dict[str, bytes] = {}
+        self._parts: dict[str, bytes] = {}
+        for cluster in self.clusters:
+            name = cluster.metadata.name
+            self._cluster_digest[name] = hashlib.sha256(
+                cluster.model_dump_json(by_alias=True).encode()
+            ).digest()
+            record = snapshot.get(name)
+            if record is not None:
+                self.records[name] = record
+            self._parts[name] = self._part(name, record)
         self.views: tuple[ClusterView, ...] = tuple(
-            ClusterView.of(c, snapshot.get(c.metadata.name)) for c in self.clusters
+            ClusterView.of(c, self.records.get(c.metadata.name)) for c in self.clusters
         )
         self.by_name: dict[str, ClusterView] = {v.name: v for v in self.views}
-        digest = hashlib.sha256()
-        for cluster in self.clusters:
-            digest.update(cluster.model_dump_json(by_alias=True).encode())
-            record = snapshot.get(cluster.metadata.name)
-            digest.update(b"\x1e" + (record.model_dump_json().encode() if record else b"-"))
-        self.fingerprint = digest.hexdigest()
+        self.fingerprint = self._fingerprint()
+        self.epoch = 0
+        """Bumped by every `patch`; memos remember the epoch they were filled at."""
+        self._changed_at: dict[str, int] = {}
         self._selected: dict[str, frozenset[str]] = {}
-        self._fits: dict[RequestsKey, dict[str, int]] = {}
-        self._sets: dict[str, dict[str, int]] = {}
+        self._fits: dict[RequestsKey, tuple[int, dict[str, int]]] = {}
+        self._sets: dict[str, tuple[int, dict[str, int]]] = {}
         self._placements: dict[tuple[str, int | None, PlacementState], ClusterPlacement] = {}
         self._policies: dict[int, tuple[api.PlacementPolicySpec, str]] = {}
+        self._verdicts: dict[Hashable, tuple[int, list[ClusterView], Rejections]] = {}
         self.memo: dict[Hashable, Any] = {}
-        """Per-snapshot results other modules compute (the core's filter verdicts)."""
+        """Per-fleet results other modules compute that do not read capacity."""
+
+    def _part(self, name: str, record: CapacityRecord | None) -> bytes:
+        """One cluster's share of the fingerprint: its object and its record, hashed."""
+        digest = hashlib.sha256(self._cluster_digest[name])
+        digest.update(b"\x1e" + (record.model_dump_json().encode() if record else b"-"))
+        return digest.digest()
+
+    def _fingerprint(self) -> str:
+        return hashlib.sha256(
+            b"".join(self._parts[c.metadata.name] for c in self.clusters)
+        ).hexdigest()
+
+    def get(self, cluster: str) -> CapacityRecord | None:
+        """The capacity record of `cluster` in this fleet (a fleet reads as a snapshot)."""
+        return self.records.get(cluster)
+
+    def patch(self, records: Mapping[str, CapacityRecord | None]) -> None:
+        """Replace the capacity records of the named clusters (None: it has none).
+
+        Names that are not clusters of this fleet are ignored: the cluster set and
+        the cluster objects are fixed for a fleet's lifetime (build a new one when
+        they change)."""
+        changed = [name for name in records if name in self._cluster_by_name]
+        if not changed:
+            return
+        self.epoch += 1
+        views = dict(self.by_name)
+        for name in changed:
+            record = records[name]
+            if record is None:
+                self.records.pop(name, None)
+            else:
+                self.records[name] = record
+            self._parts[name] = self._part(name, record)
+            views[name] = ClusterView.of(self._cluster_by_name[name], record)
+            self._changed_at[name] = self.epoch
+        self.views = tuple(views[c.metadata.name] for c in self.clusters)
+        self.by_name = {v.name: v for v in self.views}
+        self.fingerprint = self._fingerprint()
+
+    def _stale(self, epoch: int) -> list[ClusterView]:
+        """Views of the clusters patched after `epoch`, in name order."""
+        if epoch == self.epoch:
+            return []
+        names = {name for name, at in self._changed_at.items() if at > epoch}
+        return [v for v in self.views if v.name in names]
+
+    def verdicts(
+        self,
+        key: Hashable,
+        judge: Callable[[Sequence[ClusterView]], tuple[list[ClusterView], Rejections]],
+    ) -> tuple[list[ClusterView], Rejections]:
+        """The memoised verdicts of `judge` over every cluster: (passing, rejections).
+
+        `judge` must judge each cluster on its own (a cluster's verdict never
+        depends on which other clusters are judged with it), so after a `patch`
+        only the patched clusters are judged again. Rejections are kept in a
+        canonical order (by unit, then cluster name) so that a patched fleet and a
+        fresh one list them alike.
+        """
+        entry = self._verdicts.get(key)
+        if entry is None:
+            passing, rejections = judge(self.views)
+        else:
+            epoch, passing, rejections = entry
+            stale = self._stale(epoch)
+            if not stale:
+                return passing, rejections
+            again, rejected = judge(stale)
+            names = {v.name for v in stale}
+            rejections = {n: v for n, v in rejections.items() if n not in names}
+            rejections.update(rejected)
+        rejections = dict(sorted(rejections.items(), key=lambda item: (item[1].unit, item[0])))
+        passing = [v for v in self.views if v.name not in rejections]
+        self._verdicts[key] = (self.epoch, passing, rejections)
+        return passing, rejections
 
     def placement(
         self, cluster: str, replicas: int | None, state: PlacementState
@@ -373,26 +468,44 @@ class Fleet:
     def fits(self, per_replica: Mapping[str, int]) -> Mapping[str, int]:
         """Cluster → how many more replicas of this shape fit (clusters with a record)."""
         key = requests_key(per_replica)
-        fits = self._fits.get(key)
-        if fits is None:
-            shape = dict(per_replica)
+        entry = self._fits.get(key)
+        shape = dict(per_replica)
+        if entry is not None and entry[0] == self.epoch:
+            return entry[1]
+        if entry is None:
             fits = {
                 v.name: v.capacity.fit_replicas(shape) for v in self.views if v.capacity is not None
             }
-            self._fits[key] = fits
+        else:
+            fits = dict(entry[1])
+            for view in self._stale(entry[0]):
+                if view.capacity is None:
+                    fits.pop(view.name, None)
+                else:
+                    fits[view.name] = view.capacity.fit_replicas(shape)
+        self._fits[key] = (self.epoch, fits)
         return fits
 
     def set_fits(self, components: Sequence[Component]) -> Mapping[str, int]:
         """Cluster → how many whole sets of ``components`` fit (see `whole_sets`)."""
         key = components_key(components)
-        fits = self._sets.get(key)
-        if fits is None:
+        entry = self._sets.get(key)
+        if entry is not None and entry[0] == self.epoch:
+            return entry[1]
+        if entry is None:
             fits = {
                 v.name: whole_sets(v.capacity, components)
                 for v in self.views
                 if v.capacity is not None
             }
-            self._sets[key] = fits
+        else:
+            fits = dict(entry[1])
+            for view in self._stale(entry[0]):
+                if view.capacity is None:
+                    fits.pop(view.name, None)
+                else:
+                    fits[view.name] = whole_sets(view.capacity, components)
+        self._sets[key] = (self.epoch, fits)
         return fits
 
 
