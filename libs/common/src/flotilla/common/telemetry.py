@@ -60,6 +60,7 @@ NATS = "nats"
 _PROPAGATOR = TraceContextTextMapPropagator()
 _lock = threading.Lock()
 _provider: TracerProvider | None = None
+_configured = False
 
 
 def _env(name: str) -> str:
@@ -83,28 +84,35 @@ def exporter_from_env() -> SpanExporter | None:
     return None
 
 
-def build_provider(service_name: str) -> TracerProvider:
-    """A tracer provider configured from the environment, not yet installed globally."""
+def build_provider(service_name: str, exporter: SpanExporter | None = None) -> TracerProvider:
+    """A tracer provider configured from the environment (or with `exporter`), not
+    yet installed globally."""
     resource = Resource.create({SERVICE_NAME: _env("OTEL_SERVICE_NAME") or service_name})
     provider = TracerProvider(resource=resource)
-    exporter = exporter_from_env()
+    exporter = exporter if exporter is not None else exporter_from_env()
     if exporter is not None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
 
 
-def setup(service_name: str) -> TracerProvider:
+def setup(service_name: str) -> TracerProvider | None:
     """Configure tracing for this process once; later calls return the same provider.
 
-    The provider becomes the global one (OTel allows setting it only once per
-    process), so ``trace.get_tracer(__name__)`` anywhere in the service produces
-    spans that reach the exporter.
+    With an exporter configured, the provider becomes the global one (OTel allows
+    setting it only once per process), so ``trace.get_tracer(__name__)`` anywhere
+    in the service produces spans that reach the exporter. Without one, nothing is
+    installed (None): the API's no-op tracer then builds no spans at all, yet
+    hands the incoming W3C context on, so whatever a handler publishes still
+    carries the trace it was part of.
     """
-    global _provider
+    global _provider, _configured
     with _lock:
-        if _provider is None:
-            _provider = build_provider(service_name)
-            trace.set_tracer_provider(_provider)
+        if not _configured:
+            _configured = True
+            exporter = exporter_from_env()
+            if exporter is not None:
+                _provider = build_provider(service_name, exporter)
+                trace.set_tracer_provider(_provider)
         return _provider
 
 
