@@ -37,6 +37,7 @@ have ``redis`` in its import graph (the import-linter contract follows imports u
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import json
@@ -79,13 +80,16 @@ class CapacityRecord(Protocol):
     def nodes(self) -> Sequence[NodeRecord]: ...
 
     @property
+    def observed_at(self) -> float: ...
+
+    @property
     def headroom(self) -> Mapping[str, int]:
         """``available`` minus live reservations."""
 
     def fit_replicas(self, per_replica: dict[str, int]) -> int:
         """How many more pods of this shape fit (node-level, minus reservations)."""
 
-    def model_dump_json(self) -> str: ...
+    def model_dump_json(self, *, exclude: Any = None) -> str: ...
 
 
 class CapacitySnapshot(Protocol):
@@ -327,6 +331,7 @@ class Fleet:
         """Cluster → its capacity record (clusters without one are absent)."""
         self._cluster_digest: dict[str, bytes] = {}
         self._parts: dict[str, bytes] = {}
+        self._base: dict[str, tuple[object, object, object, bytes]] = {}
         for cluster in self.clusters:
             name = cluster.metadata.name
             self._cluster_digest[name] = hashlib.sha256(
@@ -354,9 +359,32 @@ class Fleet:
         """Per-fleet results other modules compute that do not read capacity."""
 
     def _part(self, name: str, record: CapacityRecord | None) -> bytes:
-        """One cluster's share of the fingerprint: its object and its record, hashed."""
+        """One cluster's share of the fingerprint: its object and its record, hashed.
+
+        The record is hashed as its reported figures (hashed once per record: a
+        record that only had its reservations patched shares them) plus its
+        reserved totals in sorted order, however they were read or patched."""
         digest = hashlib.sha256(self._cluster_digest[name])
-        digest.update(b"\x1e" + (record.model_dump_json().encode() if record else b"-"))
+        if record is None:
+            digest.update(b"\x1e-")
+            return digest.digest()
+        base = self._base.get(name)
+        if (
+            base is None
+            or base[0] is not record.nodes
+            or base[1] is not record.available
+            or base[2] != (record.allocatable, record.observed_at)
+        ):
+            figures = hashlib.sha256(record.model_dump_json(exclude={"reserved"}).encode())
+            base = (
+                record.nodes,
+                record.available,
+                (record.allocatable, record.observed_at),
+                figures.digest(),
+            )
+            self._base[name] = base
+        digest.update(b"\x1e" + base[3])
+        digest.update(json.dumps(sorted(record.reserved.items())).encode())
         return digest.digest()
 
     def _fingerprint(self) -> str:
@@ -386,7 +414,7 @@ class Fleet:
             else:
                 self.records[name] = record
             self._parts[name] = self._part(name, record)
-            views[name] = ClusterView.of(self._cluster_by_name[name], record)
+            views[name] = dataclasses.replace(views[name], capacity=record)
             self._changed_at[name] = self.epoch
         self.views = tuple(views[c.metadata.name] for c in self.clusters)
         self.by_name = {v.name: v for v in self.views}
@@ -420,7 +448,7 @@ class Fleet:
             stale = self._stale(epoch)
             if not stale:
                 return passing, rejections
-            again, rejected = judge(stale)
+            _, rejected = judge(stale)
             names = {v.name for v in stale}
             rejections = {n: v for n, v in rejections.items() if n not in names}
             rejections.update(rejected)
