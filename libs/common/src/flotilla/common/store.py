@@ -188,6 +188,8 @@ class Entry(NamedTuple, Generic[M]):
 
 
 Change = tuple[str, Entry[M] | None, int]
+Known = Callable[[str, int], M | None]
+"""(key, revision) → the value written there, when the caller already holds it."""
 """(key, the entry or None when deleted, revision): one change a follower applies."""
 
 
@@ -247,9 +249,14 @@ class Store(Generic[M]):
         """Messages the bucket holds (what forgetting deleted keys keeps bounded)."""
         return await self.bucket.size()
 
-    async def changes(self) -> AsyncGenerator[Change[M] | None, None]:
+    async def changes(
+        self, known: Known[M] | None = None
+    ) -> AsyncGenerator[Change[M] | None, None]:
         """What the bucket holds (deleted keys as None entries), None once caught up,
-        then every change. An unreadable value is logged and reads as deleted."""
+        then every change. An unreadable value is logged and reads as deleted.
+
+        `known(key, revision)` may return the value written at that revision when
+        the caller has it already (its own write), which is then not parsed again."""
         async with contextlib.aclosing(self.bucket.watch()) as raws:
             async for raw in raws:
                 if raw is None:
@@ -258,8 +265,10 @@ class Store(Generic[M]):
                 key = decode_key(raw.key)
                 entry: Entry[M] | None = None
                 if raw.data is not None:
+                    mine = known(key, raw.revision) if known is not None else None
                     try:
-                        entry = Entry(self._parse(key, raw.data), raw.revision)
+                        value = mine if mine is not None else self._parse(key, raw.data)
+                        entry = Entry(value, raw.revision)
                     except Unreadable as error:
                         log.warning("%s", error)
                 yield key, entry, raw.revision
@@ -294,8 +303,14 @@ class Follower(Generic[M]):
     keep views derived from the records (indexes) in step.
     """
 
-    def __init__(self, store: Store[M], on_change: OnChange[M] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store[M],
+        on_change: OnChange[M] | None = None,
+        known: Known[M] | None = None,
+    ) -> None:
         self.store = store
+        self._known = known
         self.entries: dict[str, Entry[M]] = {}
         self.revision = 0
         """The newest revision taken in (a tombstone's too)."""
@@ -317,7 +332,7 @@ class Follower(Generic[M]):
         """Until cancelled (run it under `Runtime.spawn`; a restart re-reads the
         bucket and forgets what was deleted meanwhile)."""
         seen: set[str] | None = set()
-        async with contextlib.aclosing(self.store.changes()) as changes:
+        async with contextlib.aclosing(self.store.changes(self._known)) as changes:
             async for change in changes:
                 if change is None:
                     if seen is not None:

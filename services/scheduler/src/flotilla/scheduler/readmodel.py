@@ -17,6 +17,13 @@ so the read model keeps one and patches it:
 Other replicas' claims are not seen until one of these reads: the claim itself is
 the atomic check, and a refusal marks the clusters it touched stale.
 
+A read never runs while one of this replica's claims is in flight (counted in
+locally, not yet answered by the cache): it could not tell whether the claim is in
+what it read, and would either lose it (the next decisions claim room that is
+taken, and are refused) or count it twice (objects wrongly Pending). Reads wait
+for the claims in flight to be answered; no new claim starts meanwhile, since
+both happen under the decision lock.
+
 `SyncPoint` coalesces the "have I seen every cluster written so far" check: one
 bucket round trip serves every decision that asked while it was not yet sent.
 """
@@ -59,6 +66,9 @@ class ReadModel:
         self._read_at = 0.0
         self._read_wall = 0.0
         self._stale: set[str] = set()
+        self._in_flight = 0
+        self._quiet = asyncio.Event()
+        self._quiet.set()
         self.whole_reads = 0
         self.partial_reads = 0
 
@@ -91,6 +101,7 @@ class ReadModel:
         return fleet
 
     async def _read(self, names: list[str] | None) -> capacity.Snapshot:
+        await self._quiet.wait()
         if names is None:
             self.whole_reads += 1
         else:
@@ -111,7 +122,10 @@ class ReadModel:
         fleet.patch(changed)
 
     def apply(self, plan: Plan) -> None:
-        """Count this replica's own claims in, as the cache will once they are sent."""
+        """Count this replica's own claims in, as the cache will once they are sent;
+        `settled` must follow once the cache answered (applied or refused)."""
+        self._in_flight += 1
+        self._quiet.clear()
         fleet = self._fleet
         if fleet is None or not plan.delta:
             return
@@ -124,6 +138,15 @@ class ReadModel:
             reserved = {r: amount for r, amount in sorted(totals.items()) if amount > 0}
             changed[name] = self._records[name] = record.model_copy(update={"reserved": reserved})
         fleet.patch(changed)
+
+    def settled(self, plan: Plan, *, applied: bool) -> None:
+        """The cache answered `plan`'s claim; when it was not applied, what `apply`
+        counted in is wrong, and its clusters are read again."""
+        if not applied:
+            self.mark_stale(plan.clusters)
+        self._in_flight -= 1
+        if not self._in_flight:
+            self._quiet.set()
 
 
 class SyncPoint(Generic[T]):

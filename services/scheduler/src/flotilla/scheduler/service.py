@@ -209,7 +209,9 @@ class Scheduler:
         self._deciding = asyncio.Lock()
         self.index = state.Index()
         self.clusters = state.Clusters()
-        self.placements_view = Follower(placements, on_change=self.index.apply)
+        self.placements_view = Follower(
+            placements, on_change=self.index.apply, known=self.index.written
+        )
         self.clusters_view = Follower(clusters, on_change=self.clusters.apply)
         self.read_model = ReadModel(
             cache, self.clusters, max_age=snapshot_max_age, slots=self._cache_slots
@@ -504,16 +506,17 @@ class Scheduler:
                         decision.clusters,
                         held_for=current.analyzed if current is not None else None,
                     )
-                    self.read_model.apply(plan)
+                    if plan:
+                        self.read_model.apply(plan)
             if plan:
                 try:
                     refusing = await self.claims.submit(plan)
                 except BaseException:
-                    self.read_model.mark_stale(plan.clusters)
+                    # No answer: whether it was applied is unknown; re-read.
+                    self.read_model.settled(plan, applied=False)
                     raise
+                self.read_model.settled(plan, applied=not refusing)
                 if refusing:
-                    # Nothing was applied: what the read model counted is wrong there.
-                    self.read_model.mark_stale(plan.clusters)
                     refused.add(decision.clusters)
                     continue
             record = self._record(key, analyzed, cause, current, decision, changed, held_back)
