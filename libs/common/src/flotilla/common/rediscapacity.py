@@ -282,6 +282,7 @@ class RedisCapacityCache:
         self._client = client
         self._prefix = prefix
         self._claim = client.register_script(_CLAIM)
+        self._parsed: dict[bytes | str, tuple[bytes | str, ClusterCapacity]] = {}
         self._release = client.register_script(_RELEASE)
         self._snapshot = client.register_script(_SNAPSHOT)
         self._list = client.register_script(_LIST)
@@ -332,6 +333,8 @@ class RedisCapacityCache:
                 await pipe.execute()
 
     async def remove(self, cluster: str) -> None:
+        self._parsed.pop(cluster, None)
+        self._parsed.pop(cluster.encode(), None)
         with _unavailable(f"remove {cluster}"):
             async with self._client.pipeline(transaction=True) as pipe:
                 pipe.delete(
@@ -356,8 +359,15 @@ class RedisCapacityCache:
                 keys=[f"{self._prefix}clusters"], args=[self._prefix, *names]
             )
         records = {}
-        for _name, raw, flat in reply[2:]:
-            record = ClusterCapacity.model_validate_json(raw)
+        for name, raw, flat in reply[2:]:
+            # A record is rewritten only when its cluster reports; between reports the
+            # same bytes come back, and are not parsed again.
+            parsed = self._parsed.get(name)
+            if parsed is not None and parsed[0] == raw:
+                record = parsed[1]
+            else:
+                record = ClusterCapacity.model_validate_json(raw)
+                self._parsed[name] = (raw, record)
             reserved: Requests = {}
             for resource, amount in zip(flat[::2], flat[1::2], strict=True):
                 if int(amount):

@@ -345,12 +345,14 @@ class Fleet:
             ClusterView.of(c, self.records.get(c.metadata.name)) for c in self.clusters
         )
         self.by_name: dict[str, ClusterView] = {v.name: v for v in self.views}
+        self._position = {v.name: i for i, v in enumerate(self.views)}
         self.fingerprint = self._fingerprint()
         self.epoch = 0
         """Bumped by every `patch`; memos remember the epoch they were filled at."""
         self._changed_at: dict[str, int] = {}
         self._selected: dict[str, frozenset[str]] = {}
         self._fits: dict[RequestsKey, tuple[int, dict[str, int]]] = {}
+        self._node_fits: dict[tuple[str, RequestsKey], tuple[object, int]] = {}
         self._sets: dict[str, tuple[int, dict[str, int]]] = {}
         self._placements: dict[tuple[str, int | None, PlacementState], ClusterPlacement] = {}
         self._policies: dict[int, tuple[api.PlacementPolicySpec, str]] = {}
@@ -388,9 +390,7 @@ class Fleet:
         return digest.digest()
 
     def _fingerprint(self) -> str:
-        return hashlib.sha256(
-            b"".join(self._parts[c.metadata.name] for c in self.clusters)
-        ).hexdigest()
+        return hashlib.sha256(b"".join(self._parts.values())).hexdigest()
 
     def get(self, cluster: str) -> CapacityRecord | None:
         """The capacity record of `cluster` in this fleet (a fleet reads as a snapshot)."""
@@ -406,7 +406,7 @@ class Fleet:
         if not changed:
             return
         self.epoch += 1
-        views = dict(self.by_name)
+        views = list(self.views)
         for name in changed:
             record = records[name]
             if record is None:
@@ -414,10 +414,10 @@ class Fleet:
             else:
                 self.records[name] = record
             self._parts[name] = self._part(name, record)
-            views[name] = dataclasses.replace(views[name], capacity=record)
+            view = dataclasses.replace(self.by_name[name], capacity=record)
+            views[self._position[name]] = self.by_name[name] = view
             self._changed_at[name] = self.epoch
-        self.views = tuple(views[c.metadata.name] for c in self.clusters)
-        self.by_name = {v.name: v for v in self.views}
+        self.views = tuple(views)
         self.fingerprint = self._fingerprint()
 
     def _stale(self, epoch: int) -> list[ClusterView]:
@@ -494,25 +494,40 @@ class Fleet:
         return selected
 
     def fits(self, per_replica: Mapping[str, int]) -> Mapping[str, int]:
-        """Cluster → how many more replicas of this shape fit (clusters with a record)."""
+        """Cluster → how many more replicas of this shape fit (clusters with a record).
+
+        The fit rule of ``ClusterCapacity.fit_replicas``, with its node-level half
+        remembered per record's node list: a patch that only changed a cluster's
+        reservations recomputes the cluster-level half alone."""
         key = requests_key(per_replica)
         entry = self._fits.get(key)
-        shape = dict(per_replica)
         if entry is not None and entry[0] == self.epoch:
             return entry[1]
+        shape = _shape(per_replica)
         if entry is None:
-            fits = {
-                v.name: v.capacity.fit_replicas(shape) for v in self.views if v.capacity is not None
-            }
+            fits = {v.name: self._fit(v, key, shape) for v in self.views if v.capacity is not None}
         else:
             fits = dict(entry[1])
             for view in self._stale(entry[0]):
                 if view.capacity is None:
                     fits.pop(view.name, None)
                 else:
-                    fits[view.name] = view.capacity.fit_replicas(shape)
+                    fits[view.name] = self._fit(view, key, shape)
         self._fits[key] = (self.epoch, fits)
         return fits
+
+    def _fit(self, view: ClusterView, key: RequestsKey, shape: Mapping[str, int]) -> int:
+        record = view.capacity
+        assert record is not None
+        cluster_level = _count(record.headroom, shape)
+        nodes = record.nodes
+        if not nodes:
+            return cluster_level
+        remembered = self._node_fits.get((view.name, key))
+        if remembered is None or remembered[0] is not nodes:
+            remembered = (nodes, sum(_count(node.free, shape) for node in nodes))
+            self._node_fits[(view.name, key)] = remembered
+        return min(remembered[1], cluster_level)
 
     def set_fits(self, components: Sequence[Component]) -> Mapping[str, int]:
         """Cluster → how many whole sets of ``components`` fit (see `whole_sets`)."""
