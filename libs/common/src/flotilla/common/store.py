@@ -188,8 +188,6 @@ class Entry(NamedTuple, Generic[M]):
 
 
 Change = tuple[str, Entry[M] | None, int]
-Known = Callable[[str, int], M | None]
-"""(key, revision) → the value written there, when the caller already holds it."""
 """(key, the entry or None when deleted, revision): one change a follower applies."""
 
 
@@ -199,9 +197,19 @@ class Store(Generic[M]):
     def __init__(self, bucket: Bucket, model: type[M]) -> None:
         self.bucket = bucket
         self.model = model
+        self._watching = 0
+        self._written: dict[str, tuple[bytes, M]] = {}
+        """Key → the bytes and value this store last wrote there, while a watch runs
+        to see them come back (taken out when they do)."""
 
     def _dump(self, value: M) -> bytes:
         return value.model_dump_json(by_alias=True).encode()
+
+    def _own(self, key: str, value: M) -> bytes:
+        data = self._dump(value)
+        if self._watching:
+            self._written[key] = (data, value)
+        return data
 
     def _parse(self, key: str, data: bytes) -> M:
         try:
@@ -217,13 +225,13 @@ class Store(Generic[M]):
 
     async def create(self, key: str, value: M) -> int:
         """Write `value` if `key` holds nothing; its revision, or `Conflict`."""
-        return await self.bucket.create(encode_key(key), self._dump(value))
+        return await self.bucket.create(encode_key(key), self._own(key, value))
 
     async def update(self, key: str, value: M, last: int) -> int:
         """Write `value` if `key` is still at revision `last`; the new revision, or `Conflict`."""
         if last <= 0:
             raise ValueError("update needs the revision read; use create for a new key")
-        return await self.bucket.update(encode_key(key), self._dump(value), last)
+        return await self.bucket.update(encode_key(key), self._own(key, value), last)
 
     async def write(self, key: str, value: M, last: int) -> int:
         """`create` when `last` is 0 (nothing was read), else `update`."""
@@ -233,7 +241,7 @@ class Store(Generic[M]):
 
     async def put(self, key: str, value: M) -> int:
         """Write `value` whatever the key holds (only for data with a single writer)."""
-        return await self.bucket.put(encode_key(key), self._dump(value))
+        return await self.bucket.put(encode_key(key), self._own(key, value))
 
     async def delete(self, key: str, last: int | None = None) -> int:
         """Tombstone `key` if it is still at revision `last` (None: whatever it holds)."""
@@ -249,29 +257,38 @@ class Store(Generic[M]):
         """Messages the bucket holds (what forgetting deleted keys keeps bounded)."""
         return await self.bucket.size()
 
-    async def changes(
-        self, known: Known[M] | None = None
-    ) -> AsyncGenerator[Change[M] | None, None]:
+    async def changes(self) -> AsyncGenerator[Change[M] | None, None]:
         """What the bucket holds (deleted keys as None entries), None once caught up,
         then every change. An unreadable value is logged and reads as deleted.
 
-        `known(key, revision)` may return the value written at that revision when
-        the caller has it already (its own write), which is then not parsed again."""
-        async with contextlib.aclosing(self.bucket.watch()) as raws:
-            async for raw in raws:
-                if raw is None:
-                    yield None
-                    continue
-                key = decode_key(raw.key)
-                entry: Entry[M] | None = None
-                if raw.data is not None:
-                    mine = known(key, raw.revision) if known is not None else None
-                    try:
-                        value = mine if mine is not None else self._parse(key, raw.data)
-                        entry = Entry(value, raw.revision)
-                    except Unreadable as error:
-                        log.warning("%s", error)
-                yield key, entry, raw.revision
+        A value this store wrote itself comes back as the object written, not
+        parsed again from its bytes."""
+        self._watching += 1
+        try:
+            async with contextlib.aclosing(self.bucket.watch()) as raws:
+                async for raw in raws:
+                    if raw is None:
+                        yield None
+                        continue
+                    key = decode_key(raw.key)
+                    yield key, self._entry(key, raw), raw.revision
+        finally:
+            self._watching -= 1
+            if not self._watching:
+                self._written.clear()
+
+    def _entry(self, key: str, raw: Raw) -> Entry[M] | None:
+        if raw.data is None:
+            return None
+        own = self._written.get(key)
+        if own is not None and own[0] == raw.data:
+            del self._written[key]
+            return Entry(own[1], raw.revision)
+        try:
+            return Entry(self._parse(key, raw.data), raw.revision)
+        except Unreadable as error:
+            log.warning("%s", error)
+            return None
 
     async def load(self, timeout: float = 10.0) -> dict[str, Entry[M]]:
         """Every live record now, read once."""
@@ -303,14 +320,8 @@ class Follower(Generic[M]):
     keep views derived from the records (indexes) in step.
     """
 
-    def __init__(
-        self,
-        store: Store[M],
-        on_change: OnChange[M] | None = None,
-        known: Known[M] | None = None,
-    ) -> None:
+    def __init__(self, store: Store[M], on_change: OnChange[M] | None = None) -> None:
         self.store = store
-        self._known = known
         self.entries: dict[str, Entry[M]] = {}
         self.revision = 0
         """The newest revision taken in (a tombstone's too)."""
@@ -332,7 +343,7 @@ class Follower(Generic[M]):
         """Until cancelled (run it under `Runtime.spawn`; a restart re-reads the
         bucket and forgets what was deleted meanwhile)."""
         seen: set[str] | None = set()
-        async with contextlib.aclosing(self.store.changes(self._known)) as changes:
+        async with contextlib.aclosing(self.store.changes()) as changes:
             async for change in changes:
                 if change is None:
                     if seen is not None:

@@ -209,9 +209,7 @@ class Scheduler:
         self._deciding = asyncio.Lock()
         self.index = state.Index()
         self.clusters = state.Clusters()
-        self.placements_view = Follower(
-            placements, on_change=self.index.apply, known=self.index.written
-        )
+        self.placements_view = Follower(placements, on_change=self.index.apply)
         self.clusters_view = Follower(clusters, on_change=self.clusters.apply)
         self.read_model = ReadModel(
             cache, self.clusters, max_age=snapshot_max_age, slots=self._cache_slots

@@ -132,12 +132,6 @@ class Index:
     def get(self, key: str) -> Entry | None:
         return self.entries.get(key)
 
-    def written(self, key: str, version: int) -> PlacementRecord | None:
-        """The record at `version` when this index holds exactly that one (this
-        replica wrote it): the bucket's watch need not parse it again."""
-        entry = self.entries.get(key)
-        return entry.record if entry is not None and entry.version == version else None
-
     def apply(self, key: str, record: PlacementRecord | None, version: int) -> bool:
         """Take in a record at KV revision `version`; older news is ignored (False)."""
         old = self.entries.get(key)
