@@ -130,7 +130,7 @@ def test_unusable_cluster_is_rejected_with_the_right_reason(
     assert active(decision) == {"ok": 3}
     verdict = decision.rejections["x"]
     assert (verdict.unit, verdict.reason, verdict.code) == (unit, reason, Code.UNSCHEDULABLE)
-    assert decision.rejection_reasons() == {"x": [f"{unit}: {reason}"]}
+    assert decision.rejection_reasons() == {f"{unit}: {reason}": ["x"]}
 
 
 def test_nowhere_to_go_is_unschedulable_with_every_reason() -> None:
@@ -150,7 +150,8 @@ def test_nowhere_to_go_is_unschedulable_with_every_reason() -> None:
     assert (
         decision.reason == "no cluster can take it: 3 of 3 rejected (cordon 1, ready 1, taints 1)"
     )
-    assert set(decision.rejection_reasons()) == {"a", "b", "c"}
+    grouped = decision.rejection_reasons()
+    assert sorted(name for names in grouped.values() for name in names) == ["a", "b", "c"]
 
 
 def test_empty_fleet() -> None:
@@ -332,7 +333,9 @@ def test_to_event_carries_the_decision() -> None:
     assert event.decision_id == decision.decision_id
     assert event.clusters == [ClusterPlacement(cluster="b", replicas=3)]
     assert event.previous == list(previous)
-    assert event.rejections == {"a": ["cordon: cordoned (spec.unschedulable); no new placements"]}
+    assert event.rejected == {"cordon: cordoned (spec.unschedulable); no new placements": ["a"]}
+    assert event.rejections == {}, "the per-cluster shape is no longer sent"
+    assert event.reasons_for("a") == ["cordon: cordoned (spec.unschedulable); no new placements"]
     assert event.ref.key == "apps/v1/Deployment/default/web"
 
 
@@ -541,3 +544,15 @@ def test_patched_fleet_decides_like_a_fresh_one(
         assert warm == cold
         assert warm.decision_id == cold.decision_id
         assert list(warm.rejections) == list(cold.rejections)
+
+
+def test_rejections_are_sent_once_per_reason() -> None:
+    """Twenty clusters turned down for the same taint are one reason with twenty
+    names on the event, not twenty copies of the line."""
+    clusters = [make_cluster(f"t{i:02d}").with_taint("gpu") for i in range(20)]
+    clusters.append(make_cluster("ok"))
+    event = schedule(make_input(make_pod(), clusters)).to_event()
+    (reason,) = event.rejected
+    assert event.rejected[reason] == [f"t{i:02d}" for i in range(20)]
+    assert event.reasons_for("t07") == [reason]
+    assert event.reasons_for("ok") == []

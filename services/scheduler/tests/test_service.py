@@ -828,7 +828,7 @@ async def test_replicas_without_requests_are_bounded_by_pods_and_absurd_counts_d
     await harness.analyzed(anywhere)
     record = await harness.record(anywhere.ref.key)
     assert not record.schedulable
-    assert record.decided.rejections["a"] == ["capacity: room for 0 of 10000000 replicas (pods=1)"]
+    assert record.decided.reasons_for("a") == ["capacity: room for 0 of 10000000 replicas (pods=1)"]
 
     # A new cluster: the partly placed object grows onto it, as far as its pods go.
     await harness.cluster(roomy("c", 1))

@@ -722,8 +722,12 @@ class Decision:
         return tuple(p for p in self.clusters if p.state is PlacementState.ACTIVE)
 
     def rejection_reasons(self) -> dict[str, list[str]]:
-        """Rejections in the shape `events.PlacementDecided.rejections` carries."""
-        return {name: [str(verdict)] for name, verdict in sorted(self.rejections.items())}
+        """Rejections grouped by reason, the shape `events.PlacementDecided.rejected`
+        carries: a hundred clusters turned down for one taint are one line."""
+        grouped: dict[str, list[str]] = {}
+        for name, verdict in sorted(self.rejections.items()):
+            grouped.setdefault(str(verdict), []).append(name)
+        return grouped
 
     def to_event(self, previous: Iterable[ClusterPlacement] = ()) -> PlacementDecided:
         """The ``PlacementDecided`` payload for the object this decision is about."""
@@ -733,6 +737,6 @@ class Decision:
             clusters=list(self.clusters),
             previous=list(previous),
             reason=self.reason,
-            rejections=self.rejection_reasons(),
+            rejected=self.rejection_reasons(),
             deleted=self.deleted,
         )

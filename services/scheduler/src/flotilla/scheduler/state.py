@@ -376,7 +376,7 @@ def helped_by(record: PlacementRecord, cluster: str, room: capacity.ClusterCapac
     object: one replica (or each component) of it fits there, and the object's last
     decision turned the cluster down for capacity or not at all — a cluster refused
     for a taint or a selector stays refused however much room it has."""
-    reasons = record.decided.rejections.get(cluster, [])
+    reasons = record.decided.reasons_for(cluster)
     if any(not reason.startswith("capacity:") for reason in reasons):
         return False
     analyzed = record.analyzed
