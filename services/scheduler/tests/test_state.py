@@ -329,3 +329,16 @@ def test_clusters_view_remembers_removed_clusters_until_forgotten() -> None:
     view.apply("c1", None, 3)
     assert view.removed_before(20.0) == [] and view.get("c1") is None
     assert view.version == 3
+
+
+def test_equal_policies_are_interned_to_one_object_within_a_bound() -> None:
+    interned = state.Interned[api.PlacementPolicySpec](limit=2)
+    first = make_policy().selecting(region="eu").build()
+    again = make_policy().selecting(region="eu").build()
+    other = make_policy().selecting(region="us").build()
+    assert again is not first
+    assert interned.intern(first) is first
+    assert interned.intern(again) is first
+    assert interned.intern(other) is other
+    interned.intern(make_policy().selecting(region="ap").build())  # pushes out the oldest
+    assert interned.intern(again) is again

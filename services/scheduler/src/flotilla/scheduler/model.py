@@ -110,6 +110,8 @@ MAX_SETS_ESTIMATE = 64
 RequestsKey = tuple[tuple[str, int], ...]
 
 Unit = TypeVar("Unit")
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 class Registry(Generic[Unit]):
@@ -454,7 +456,7 @@ class Fleet:
             rejections.update(rejected)
         rejections = dict(sorted(rejections.items(), key=lambda item: (item[1].unit, item[0])))
         passing = [v for v in self.views if v.name not in rejections]
-        self._verdicts[key] = (self.epoch, passing, rejections)
+        _bounded(self._verdicts)[key] = (self.epoch, passing, rejections)
         return passing, rejections
 
     def placement(
@@ -481,7 +483,7 @@ class Fleet:
         if entry is None:
             text = json.dumps(policy.model_dump(mode="json", by_alias=True), sort_keys=True)
             entry = (policy, text)
-            self._policies[id(policy)] = entry
+            _bounded(self._policies)[id(policy)] = entry
         return entry[1]
 
     def selected_by(self, selector: api.LabelSelector) -> frozenset[str]:
@@ -513,7 +515,7 @@ class Fleet:
                     fits.pop(view.name, None)
                 else:
                     fits[view.name] = self._fit(view, key, shape)
-        self._fits[key] = (self.epoch, fits)
+        _bounded(self._fits)[key] = (self.epoch, fits)
         return fits
 
     def _fit(self, view: ClusterView, key: RequestsKey, shape: Mapping[str, int]) -> int:
@@ -526,7 +528,7 @@ class Fleet:
         remembered = self._node_fits.get((view.name, key))
         if remembered is None or remembered[0] is not nodes:
             remembered = (nodes, sum(_count(node.free, shape) for node in nodes))
-            self._node_fits[(view.name, key)] = remembered
+            _bounded(self._node_fits)[(view.name, key)] = remembered
         return min(remembered[1], cluster_level)
 
     def set_fits(self, components: Sequence[Component]) -> Mapping[str, int]:
@@ -548,8 +550,20 @@ class Fleet:
                     fits.pop(view.name, None)
                 else:
                     fits[view.name] = whole_sets(view.capacity, components)
-        self._sets[key] = (self.epoch, fits)
+        _bounded(self._sets)[key] = (self.epoch, fits)
         return fits
+
+
+MEMO_LIMIT = 4096
+"""Entries a per-fleet memo keeps: a fleet lives as long as its clusters do, and
+the policies and shapes decided against it keep coming."""
+
+
+def _bounded(memo: dict[K, V]) -> dict[K, V]:
+    """`memo`, emptied first when full (refilled by the next decisions)."""
+    if len(memo) >= MEMO_LIMIT:
+        memo.clear()
+    return memo
 
 
 @dataclass(frozen=True, slots=True)

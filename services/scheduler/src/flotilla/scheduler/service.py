@@ -218,6 +218,7 @@ class Scheduler:
         self.requeue = Requeue(bus, self.index)
         self.notices = Notices(reporter)
         self._cluster_sync = SyncPoint(self._sync_cluster_view)
+        self._policies = state.Interned[api.PlacementPolicySpec]()
         self._capacity_seen: dict[str, tuple[object, frozenset[str]]] = {}
         """Cluster → its capacity record (observed_at, headroom) as last reported, and
         the Pending objects already asked to retry against it."""
@@ -338,6 +339,10 @@ class Scheduler:
 
     async def on_resource_analyzed(self, event: Received[ResourceAnalyzed]) -> None:
         envelope, analyzed = event.envelope, event.payload
+        if analyzed.policy_spec is not None:
+            analyzed = analyzed.model_copy(
+                update={"policy_spec": self._policies.intern(analyzed.policy_spec)}
+            )
         metadata = analyzed.object.get("metadata") or {}
         cause = Cause(
             event_id=envelope.id,
