@@ -123,6 +123,12 @@ with telemetry.process_span("subject", incoming) as span:
     assert not span.is_recording()
     sent = telemetry.inject({})
 assert sent["traceparent"].split("-")[1] == "0af7651916cd43dd8448eb211c80319c", sent
+with telemetry.publish_span("subject", {}) as root:
+    assert not root.is_recording()
+    first = telemetry.inject({})["traceparent"]
+    with telemetry.process_span("subject", {"traceparent": first}):
+        second = telemetry.inject({})["traceparent"]
+assert first.split("-")[1] == second.split("-")[1] != "0" * 32, (first, second)
 """
 
 
