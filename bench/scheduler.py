@@ -378,15 +378,19 @@ async def _service_run(
         leases_kv = await bus.bucket(topology.leases_bucket)
 
         async def ready() -> bool:
+            """Every cluster recorded and the partitions spread evenly: a run that
+            starts while replicas still hand partitions over measures the handover."""
             if int((await clusters_kv.status()).values) < size:
                 return False
-            holders = set()
+            held: dict[bytes, int] = {}
             for partition in range(partitions):
                 try:
-                    holders.add((await leases_kv.get(f"scheduler.p{partition}")).value)
+                    holder = (await leases_kv.get(f"scheduler.p{partition}")).value
                 except Exception:
                     return False
-            return len(holders) == replicas
+                held[holder] = held.get(holder, 0) + 1
+            counts = sorted(held.values())
+            return len(counts) == replicas and counts[-1] - counts[0] <= 1
 
         await _until(ready, 60, "the scheduler replicas to consume every partition")
         batch = []
