@@ -41,7 +41,7 @@ from flotilla.kubesim.sim import SimOptions
 from flotilla.kubesim.testing import KubeSimFactory
 
 SYSTEM_NAMESPACE = "flotilla-system"
-SERVICES = ("watcher", "depdetector", "scheduler")
+SERVICES = ("watcher", "depdetector", "scheduler", "transformer")
 """The services built so far, started in this order."""
 MEMBERS: Mapping[str, Mapping[str, str]] = {
     "us-east": {"region": "us-east", "zone": "us-east-1a", "provider": "aws"},
@@ -182,6 +182,19 @@ class Fleet:
         }
         resource = await kube.resource_for(self.dyn, "flotilla.io/v1alpha1", "Cluster")
         body = {**created, "status": status}
+        kube.checked(await self.dyn.replace(resource.status, body=body, name=name))
+
+    async def serve(self, name: str, *types: tuple[str, str]) -> None:
+        """Report `types` ((apiVersion, kind) pairs) as the member's ``apiResources``
+        (what the syncer reports), keeping the rest of its status."""
+        resource = await kube.resource_for(self.dyn, "flotilla.io/v1alpha1", "Cluster")
+        current = kube.checked(await self.dyn.get(resource, name=name))
+        served = []
+        for api_version, kind in types:
+            group, _, version = api_version.rpartition("/")
+            served.append({"group": group, "version": version, "kind": kind})
+        status = {**(current.get("status") or {}), "apiResources": served}
+        body = {**current, "status": status}
         kube.checked(await self.dyn.replace(resource.status, body=body, name=name))
 
     # --- the hub, as a user --------------------------------------------------------------
