@@ -214,6 +214,13 @@ class PlacementDecided(Payload):
     )
     deleted: bool = False
 
+    def rejected_clusters(self) -> list[str]:
+        """Every cluster that was not chosen, sorted, whichever shape the producer sent."""
+        names = set(self.rejections)
+        for clusters in self.rejected.values():
+            names.update(clusters)
+        return sorted(names)
+
     def reasons_for(self, cluster: str) -> list[str]:
         """Why `cluster` was not chosen, whichever shape the producer sent."""
         found = list(self.rejections.get(cluster, ()))
