@@ -368,10 +368,8 @@ class Fleet:
         The record is hashed as its reported figures (hashed once per record: a
         record that only had its reservations patched shares them) plus its
         reserved totals in sorted order, however they were read or patched."""
-        digest = hashlib.sha256(self._cluster_digest[name])
         if record is None:
-            digest.update(b"\x1e-")
-            return digest.digest()
+            return hashlib.sha256(self._cluster_digest[name] + b"\x1e-").digest()
         base = self._base.get(name)
         if (
             base is None
@@ -387,9 +385,8 @@ class Fleet:
                 figures.digest(),
             )
             self._base[name] = base
-        digest.update(b"\x1e" + base[3])
-        digest.update(json.dumps(sorted(record.reserved.items())).encode())
-        return digest.digest()
+        reserved = repr(sorted(record.reserved.items())).encode()
+        return hashlib.sha256(self._cluster_digest[name] + b"\x1e" + base[3] + reserved).digest()
 
     def _fingerprint(self) -> str:
         return hashlib.sha256(b"".join(self._parts.values())).hexdigest()
