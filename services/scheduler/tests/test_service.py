@@ -927,3 +927,21 @@ async def test_a_restarted_replica_never_publishes_a_decision_twice(
         assert (await after.record(agent.ref.key)).decided == decided[0]
     finally:
         await close(bus, tasks)
+
+
+async def test_a_new_object_is_decided_without_reading_its_record(harness: Harness) -> None:
+    """An index miss is not looked up in the bucket: the create (compare-and-set at
+    revision 0) would fail if a record existed, and the decision is then made again."""
+    await harness.cluster(small("a", "4"))
+    reads: list[str] = []
+    real_get = harness.scheduler.placements.get
+
+    async def counting(key: str) -> Any:
+        reads.append(key)
+        return await real_get(key)
+
+    harness.scheduler.placements.get = counting  # type: ignore[method-assign]
+    web = make_deployment("web", replicas=2).build()
+    await harness.analyzed(web)
+    assert reads == []
+    assert harness.active(await harness.record(web.ref.key)) == {"a": 2}
