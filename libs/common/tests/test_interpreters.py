@@ -232,7 +232,7 @@ def test_bad_quantity_names_the_field(registry: Registry) -> None:
         registry.interpret(obj)
 
 
-# --- multi-component workloads (FlinkDeployment from ARCHITECTURE.md) -------------------
+# --- multi-component workloads (a FlinkDeployment) --------------------------------------
 
 
 def test_flink_deployment_components(registry: Registry) -> None:

@@ -69,7 +69,7 @@ ANNOTATIONS = (
 
 
 class Strategy(enum.StrEnum):
-    """How one object maps onto clusters (ARCHITECTURE.md section 4)."""
+    """How one object maps onto clusters (docs/architecture.md, "Words")."""
 
     SPLIT = "split"
     COPY = "copy"

@@ -21,9 +21,9 @@ Steps (after Karmada's ``generic_scheduler``):
 4. **select and assign** — the strategy (`flotilla.scheduler.strategies`);
 5. **retire** — clusters that held the object and are not chosen any more stay in
    the decision as ``Retiring`` with their replicas: moves are make-before-break
-   (ARCHITECTURE.md section 5), and the drain coordinator removes that work once
-   the new placement is ready. A Retiring cluster that is chosen again becomes
-   Active; one that left the fleet is dropped.
+   (docs/architecture.md, "Cordon, drain and failover"), and the drain
+   coordinator removes that work once the new placement is ready. A Retiring
+   cluster that is chosen again becomes Active; one that left the fleet is dropped.
 """
 
 from __future__ import annotations
