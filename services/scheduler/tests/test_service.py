@@ -510,6 +510,19 @@ async def test_scale_up_in_place_that_cannot_fit_keeps_the_placement_pending(
     assert [r.replicas for r in await harness.cache.reservations("a")] == [4]
 
 
+def count_snapshots(cache: FakeCapacityCache) -> list[list[str] | None]:
+    """Record every snapshot read of `cache` from now on (None: a whole read)."""
+    reads: list[list[str] | None] = []
+    real_snapshot = cache.snapshot
+
+    async def counting(clusters: Any = None) -> Any:
+        reads.append(None if clusters is None else list(clusters))
+        return await real_snapshot(clusters)
+
+    cache.snapshot = counting  # type: ignore[method-assign]
+    return reads
+
+
 async def test_shared_snapshot_sees_the_replicas_own_claims(
     nats_server: NatsServer, unique: str
 ) -> None:
@@ -519,14 +532,7 @@ async def test_shared_snapshot_sees_the_replicas_own_claims(
     cache = FakeCapacityCache()
     bus, scheduler, tasks = await open_scheduler(nats_server.url, f"s{unique}", cache)
     scheduler.snapshot_max_age = 3600.0
-    reads: list[list[str] | None] = []
-    real_snapshot = cache.snapshot
-
-    async def counting(clusters: Any = None) -> Any:
-        reads.append(None if clusters is None else list(clusters))
-        return await real_snapshot(clusters)
-
-    cache.snapshot = counting  # type: ignore[method-assign]
+    reads = count_snapshots(cache)
     refusals: list[set[str]] = []
     real_claim = cache.claim
 
@@ -570,14 +576,7 @@ async def test_a_refused_claim_rereads_only_the_clusters_it_touched(
         warm = make_pod("warm").with_requests(cpu="100m").build()
         await harness.analyzed(warm)  # builds the fleet
         assert await cache.reserve("a", "other-replica", {"cpu": 7000}, 1, 600)
-        reads: list[list[str] | None] = []
-        real_snapshot = cache.snapshot
-
-        async def counting(clusters: Any = None) -> Any:
-            reads.append(None if clusters is None else list(clusters))
-            return await real_snapshot(clusters)
-
-        cache.snapshot = counting  # type: ignore[method-assign]
+        reads = count_snapshots(cache)
         pod = make_pod("p").with_requests(cpu="1500m").build()
         await harness.analyzed(pod)
         assert harness.active(await harness.record(pod.ref.key)) == {"b": 1}

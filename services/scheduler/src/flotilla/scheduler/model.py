@@ -500,21 +500,8 @@ class Fleet:
         remembered per record's node list: a patch that only changed a cluster's
         reservations recomputes the cluster-level half alone."""
         key = requests_key(per_replica)
-        entry = self._fits.get(key)
-        if entry is not None and entry[0] == self.epoch:
-            return entry[1]
         shape = _shape(per_replica)
-        if entry is None:
-            fits = {v.name: self._fit(v, key, shape) for v in self.views if v.capacity is not None}
-        else:
-            fits = dict(entry[1])
-            for view in self._stale(entry[0]):
-                if view.capacity is None:
-                    fits.pop(view.name, None)
-                else:
-                    fits[view.name] = self._fit(view, key, shape)
-        _bounded(self._fits)[key] = (self.epoch, fits)
-        return fits
+        return self._per_cluster(self._fits, key, lambda view: self._fit(view, key, shape))
 
     def _fit(self, view: ClusterView, key: RequestsKey, shape: Mapping[str, int]) -> int:
         record = view.capacity
@@ -531,25 +518,35 @@ class Fleet:
 
     def set_fits(self, components: Sequence[Component]) -> Mapping[str, int]:
         """Cluster → how many whole sets of ``components`` fit (see `whole_sets`)."""
-        key = components_key(components)
-        entry = self._sets.get(key)
+
+        def sets(view: ClusterView) -> int:
+            assert view.capacity is not None
+            return whole_sets(view.capacity, components)
+
+        return self._per_cluster(self._sets, components_key(components), sets)
+
+    def _per_cluster(
+        self,
+        memo: dict[Any, tuple[int, dict[str, int]]],
+        key: Hashable,
+        compute: Callable[[ClusterView], int],
+    ) -> dict[str, int]:
+        """Cluster → `compute` of it for clusters with a record, memoised under `key`
+        and recomputed only for the clusters patched since."""
+        entry = memo.get(key)
         if entry is not None and entry[0] == self.epoch:
             return entry[1]
         if entry is None:
-            fits = {
-                v.name: whole_sets(v.capacity, components)
-                for v in self.views
-                if v.capacity is not None
-            }
+            values = {v.name: compute(v) for v in self.views if v.capacity is not None}
         else:
-            fits = dict(entry[1])
+            values = dict(entry[1])
             for view in self._stale(entry[0]):
                 if view.capacity is None:
-                    fits.pop(view.name, None)
+                    values.pop(view.name, None)
                 else:
-                    fits[view.name] = whole_sets(view.capacity, components)
-        _bounded(self._sets)[key] = (self.epoch, fits)
-        return fits
+                    values[view.name] = compute(view)
+        _bounded(memo)[key] = (self.epoch, values)
+        return values
 
 
 MEMO_LIMIT = 4096
