@@ -128,12 +128,9 @@ def run_filters(ctx: Context) -> tuple[list[ClusterView], Rejections]:
     memoised = [unit for _, unit in units if unit.key is not None]
     per_decision = [unit for _, unit in units if unit.key is None]
     key = ("filters", *((name, unit.key(ctx)) for name, unit in units if unit.key is not None))
-    cached: tuple[list[ClusterView], Rejections] | None = fleet.memo.get(key)
-    if cached is None:
-        fresh = dataclasses.replace(ctx, held={})
-        cached = _chain(fresh, memoised, fleet.views)
-        fleet.memo[key] = cached
-    passing, rejections = cached
+    passing, rejections = fleet.verdicts(
+        key, lambda views: _chain(dataclasses.replace(ctx, held={}), memoised, views)
+    )
     held = ctx.held
     if held:
         holders = [fleet.by_name[name] for name in sorted(held) if name in fleet.by_name]
