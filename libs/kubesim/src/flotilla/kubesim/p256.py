@@ -62,7 +62,7 @@ def _add(first: _Jacobian, second: _Jacobian) -> _Jacobian:
 
 
 def multiply(scalar: int, point: Point = G) -> Point:
-    """scalar × point (double-and-add)."""
+    """scalar * point (double-and-add)."""
     if point is None:
         return None
     result, addend = _INFINITY, (point[0], point[1], 1)

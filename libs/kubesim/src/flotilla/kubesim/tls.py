@@ -214,15 +214,13 @@ class Authority:
     @classmethod
     def generate(cls, name: str) -> Authority:
         key = PrivateKey.generate()
+        # RFC 5280 4.2.1.2 method (1): SHA-1 of the public key, an identifier, not a MAC.
+        key_id = hashlib.sha1(key.public_bytes(), usedforsecurity=False).digest()
         subject = _name(f"kubesim-ca-{name}")
         extensions = [
             _extension(_BASIC_CONSTRAINTS, _seq(_tlv(_BOOLEAN, b"\xff"), _int(0)), critical=True),
             _extension(_KEY_USAGE, _CA_KEY_USAGE, critical=True),
-            _extension(
-                _SUBJECT_KEY_ID,
-                _tlv(_OCTET_STRING, hashlib.sha1(key.public_bytes()).digest()),
-                critical=False,
-            ),
+            _extension(_SUBJECT_KEY_ID, _tlv(_OCTET_STRING, key_id), critical=False),
         ]
         return cls(_certificate(key, subject, subject, key, extensions), _pem_key(key))
 

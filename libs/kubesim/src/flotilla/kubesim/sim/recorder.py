@@ -30,10 +30,9 @@ from typing import Any
 
 from flotilla.kubesim.errors import ApiError
 from flotilla.kubesim.sim.cronjobs import SCHEDULED_ANNOTATION
-from flotilla.kubesim.sim.nodes import now_rfc3339
 from flotilla.kubesim.sim.queues import BATCH_SECONDS
 from flotilla.kubesim.sim.state import controller_ref, pod_is_ready
-from flotilla.kubesim.store import Store, WatchRecord
+from flotilla.kubesim.store import Store, WatchRecord, now_rfc3339
 
 SCHEDULER = "default-scheduler"
 KUBELET = "kubelet"

@@ -43,7 +43,7 @@ from flotilla.kubesim.sim.state import (
     key_of,
     pod_is_ready,
 )
-from flotilla.kubesim.store import Store, StoreEvent
+from flotilla.kubesim.store import Store, StoreEvent, now_rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -643,7 +643,7 @@ class Simulator:
             spec = node.setdefault("spec", {})
             taints = [t for t in spec.get("taints") or [] if t.get("key") != UNREACHABLE_TAINT]
             if not ready:
-                now = nodes.now_rfc3339()
+                now = now_rfc3339()
                 taints += [
                     {"key": UNREACHABLE_TAINT, "effect": effect, "timeAdded": now}
                     for effect in ("NoSchedule", "NoExecute")
@@ -654,7 +654,7 @@ class Simulator:
                 spec.pop("taints", None)
             node = self.store.update(node_rt, node)
             node.setdefault("status", {})["conditions"] = nodes.node_conditions(
-                nodes.now_rfc3339(), ready=ready
+                now_rfc3339(), ready=ready
             )
             self.store.update(node_rt, node, subresource="status")
             for key in sorted(self.state.pods_by_node.get(name, ())):
