@@ -111,7 +111,6 @@ _SHARED_PATHS: dict[tuple[str, str], tuple[tuple[str, ...], ...]] = {
         ("status", "containerStatuses", "*", "state"),
         ("status", "containerStatuses", "*", "lastState"),
     ),
-    ("", "Event"): (("involvedObject",), ("source",)),
 }
 # Canonical sub-objects kept at most (oldest forgotten first: later equal ones are
 # then stored once more, nothing else changes).
@@ -120,13 +119,13 @@ SHARED_CACHE_SIZE = 4096
 _NO_GENERATION = frozenset({("", "Event"), ("events.k8s.io", "Event")})
 
 
-def _share_key(value: Any) -> Any:
-    """A hashable image of JSON data that tells 1, 1.0 and True apart."""
-    if isinstance(value, dict):
-        return (dict, tuple((key, _share_key(item)) for key, item in value.items()))
-    if isinstance(value, list):
-        return (list, tuple(_share_key(item) for item in value))
-    return (type(value), value)
+def _share_key(value: Any) -> str | None:
+    """The compact JSON text of `value` (which tells 1, 1.0 and true apart), or None for
+    what is not JSON data."""
+    try:
+        return json.dumps(value, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -276,7 +275,7 @@ class Store:
             )
         }
         self._columns: dict[tuple[str, str, str], builtins.list[dict[str, Any]]] = {}
-        self._shared: dict[Any, Any] = {}
+        self._shared: dict[str, Any] = {}
         for name in DEFAULT_NAMESPACES:
             self.create(resources.NAMESPACE, {"metadata": {"name": name}})
 
@@ -975,6 +974,8 @@ class Store:
 
     def _canonical(self, value: Any) -> Any:
         key = _share_key(value)
+        if key is None:
+            return value
         found = self._shared.get(key)
         if found is not None:
             return found
