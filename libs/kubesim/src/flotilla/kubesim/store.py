@@ -972,6 +972,11 @@ class Store:
         else:
             node[step] = self._canonical(value)
 
+    def shared(self, value: Any) -> Any:
+        """The canonical instance equal to `value` (JSON data nobody mutates): for
+        readers that keep parts of objects, such as the simulator's pod labels."""
+        return self._canonical(value)
+
     def _canonical(self, value: Any) -> Any:
         key = _share_key(value)
         if key is None:

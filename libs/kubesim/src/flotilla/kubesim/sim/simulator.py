@@ -344,7 +344,7 @@ class Simulator:
                 owner_kind=ref.get("kind") if ref else None,
                 owner_name=ref.get("name") if ref else None,
                 owner_uid=ref.get("uid") if ref else None,
-                labels=dict(meta.get("labels") or {}),
+                labels=self.store.shared(meta.get("labels") or {}),
                 scheduling=self._parse_scheduling(spec),
                 created=self._created,
             )
@@ -373,7 +373,9 @@ class Simulator:
         elif record.ready_since is None:
             record.ready_since = time.monotonic()
         record.deleting = bool(meta.get("deletionTimestamp"))
-        record.labels = dict(meta.get("labels") or {})
+        labels = meta.get("labels") or {}
+        if labels != record.labels:
+            record.labels = self.store.shared(labels)
         changed = changed or before != (
             record.node_name,
             record.phase,
