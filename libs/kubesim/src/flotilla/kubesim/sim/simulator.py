@@ -408,10 +408,15 @@ class Simulator:
 
     def _parse_scheduling(self, spec: dict[str, Any]) -> PodSchedulingSpec:
         try:
-            return PodSchedulingSpec.from_pod_spec(spec)
+            parsed = PodSchedulingSpec.from_pod_spec(spec)
         except (ValueError, TypeError, AttributeError):
             # A pod the real scheduler would reject at validation; never fits anywhere.
             return PodSchedulingSpec(requests={"pods": 1, "kubesim.flotilla.io/invalid": 1})
+        # Read-only from here on, and the same for every pod of a template: kept once.
+        parsed.requests = self.store.shared(parsed.requests)
+        parsed.node_selector = self.store.shared(parsed.node_selector)
+        parsed.tolerations = self.store.shared(parsed.tolerations)
+        return parsed
 
     def _busy(self) -> bool:
         """Whether any controller, the scheduler or the janitor has work queued."""
