@@ -87,3 +87,11 @@ def test_one_timestamp_string_per_second(monkeypatch: Any) -> None:
     assert first == "2023-11-14T22:13:20Z"
     clock[0] = 1_700_000_001.0
     assert store_module.now_rfc3339() == "2023-11-14T22:13:21Z"
+
+
+def test_readers_get_the_canonical_instance_of_equal_data() -> None:
+    store = Store()
+    first = store.shared({"cpu": 100, "pods": 1})
+    assert store.shared({"cpu": 100, "pods": 1}) is first
+    assert store.shared({"cpu": 100.0, "pods": 1}) is not first
+    assert store.shared([]) == [] and store.shared([]) is store.shared([])
