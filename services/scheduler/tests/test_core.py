@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from flotilla.common import capacity
 from flotilla.common.api import PlacementState, Strategy
 from flotilla.common.events import ClusterPlacement, PlacementDecided
-from flotilla.scheduler.core import schedule
+from flotilla.scheduler.core import release_retiring, schedule
 from flotilla.scheduler.model import Code, Decision, Fleet, SchedulingInput
 
 from .builders import (
@@ -479,3 +479,49 @@ def test_naive_now_is_taken_as_utc() -> None:
     inp = make_input(make_pod(), clusters, previous=placed(("a", 1)), policy=tolerated)
     naive = dataclasses.replace(inp, now=NOW.replace(tzinfo=None) + timedelta(minutes=2))
     assert active(schedule(naive)) == {"b": 1}
+
+
+def _decided(*placements: tuple[str, PlacementState]) -> PlacementDecided:
+    return PlacementDecided(
+        ref=make_deployment(replicas=6).ref,
+        decision_id="d1",
+        clusters=[ClusterPlacement(cluster=c, replicas=3, state=s) for c, s in placements],
+        reason="spread",
+    )
+
+
+A, R = PlacementState.ACTIVE, PlacementState.RETIRING
+
+
+@pytest.mark.parametrize(
+    ("placements", "released", "left"),
+    [
+        ([("a", A), ("b", A), ("c", R)], ["c"], [("a", A), ("b", A)]),
+        ([("a", A), ("c", R), ("d", R)], ["c", "d"], [("a", A)]),
+        ([("a", A), ("c", R), ("d", R)], ["d"], [("a", A), ("c", R)]),
+        ([("a", A), ("c", A)], ["c"], [("a", A), ("c", A)]),
+        ([("a", A), ("c", R)], ["x"], [("a", A), ("c", R)]),
+    ],
+    ids=[
+        "one-retiring-released",
+        "two-retiring-released",
+        "only-the-named-one",
+        "active-entry-is-never-released",
+        "unknown-cluster-changes-nothing",
+    ],
+)
+def test_release_retiring_drops_only_the_named_retiring_entries(
+    placements: list[tuple[str, PlacementState]],
+    released: list[str],
+    left: list[tuple[str, PlacementState]],
+) -> None:
+    decided = _decided(*placements)
+    result = release_retiring(decided, released)
+    assert [(p.cluster, p.state) for p in result.clusters] == left
+    if left == placements:
+        assert result is decided
+    else:
+        assert result.decision_id != decided.decision_id
+        assert result.previous == decided.clusters
+        assert result.ref == decided.ref and not result.deleted
+        assert result == release_retiring(decided, released)  # deterministic

@@ -305,6 +305,34 @@ async def test_cordon_and_evict_after_reevaluate_nothing_and_avoid_clusters_move
     assert {p.cluster: p.state for p in record.clusters}["a"] == "Retiring"
 
 
+async def test_release_retiring_drops_the_retiring_copy_and_nothing_else(
+    harness: Harness,
+) -> None:
+    """``release_retiring`` removes the Retiring entry by compare-and-set, publishes
+    the placement without it, and a redelivered command publishes the same again."""
+    await harness.cluster(small("a", "4"))
+    web = make_deployment("web", replicas=2).build()
+    await harness.analyzed(web)
+    await harness.cluster(small("b", "4"))
+    old = "a"
+    await harness.handle(reschedule(web, "drain", avoid=[old]))
+    moved = await harness.record(web.ref.key)
+    command = RescheduleRequested(ref=web.ref, reason="ready", release_retiring=[old])
+    release = events.envelope(command, key=web.ref.key, producer="test", dedupe=("release",))
+    await harness.handle(release)
+    released = await harness.record(web.ref.key)
+    assert [(p.cluster, p.state) for p in released.clusters] == [
+        (p.cluster, p.state) for p in moved.clusters if p.state == "Active"
+    ]
+    assert released.analyzed == moved.analyzed
+    last = (await harness.decided(web.ref.key))[-1]
+    assert last == released.decided and old not in {p.cluster for p in last.clusters}
+    count = len(await harness.decided(web.ref.key))
+    await harness.handle(release)  # redelivered: the same decision again, deduplicated
+    assert len(await harness.decided(web.ref.key)) == count
+    assert (await harness.record(web.ref.key)).decided == released.decided
+
+
 async def test_label_change_reevaluates_objects_whose_selector_mentions_it(
     harness: Harness,
 ) -> None:

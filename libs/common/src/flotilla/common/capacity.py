@@ -120,6 +120,21 @@ class Snapshot(_Model):
         return self.clusters.get(cluster)
 
 
+def uniform(
+    cluster: str, node: Mapping[str, int], count: int, *, observed_at: float
+) -> ClusterCapacity:
+    """The record of a cluster of `count` identical, empty nodes (``<cluster>-n<i>``):
+    what a fresh simulated member reports."""
+    nodes = [
+        NodeCapacity(name=f"{cluster}-n{i}", allocatable=dict(node), free=dict(node))
+        for i in range(count)
+    ]
+    total = add(*(n.free for n in nodes))
+    return ClusterCapacity(
+        cluster=cluster, allocatable=total, available=total, nodes=nodes, observed_at=observed_at
+    )
+
+
 def pod_shape(per_replica: Mapping[str, int]) -> Requests:
     """The shape one replica really uses: its requests plus one pod slot."""
     for resource, amount in per_replica.items():

@@ -4,7 +4,7 @@ Every message on the bus is one `Envelope`: who produced it, when, for which
 object (`key`, `uid`), at which `generation`/`revision`, and one typed payload.
 Payloads carry the *full desired state* for their key, never a delta, so a
 handler can process any event twice, late or out of order and converge (see
-ARCHITECTURE.md, principle 1).
+docs/architecture.md, "Rules every service follows").
 
 Names follow the house rule: events are past tense (`PlacementDecided`), commands
 imperative (`RescheduleRequested` is the one command, phrased as the request that

@@ -90,6 +90,14 @@ BUCKETS: tuple[BucketDeclaration, ...] = (
         "transformer-dependents",
         "per as-needed dependency: the objects needing it on each cluster, by compare-and-set",
     ),
+    BucketDeclaration(
+        "aggregator", "aggregator-reports", "each object's placement and latest member reports"
+    ),
+    BucketDeclaration("aggregator", "aggregator-clusters", "which clusters are Ready"),
+    BucketDeclaration(
+        "drain", "drain-objects", "each object's placement, availability and move progress"
+    ),
+    BucketDeclaration("drain", "drain-clusters", "each cluster's cordon, drain and readiness"),
 )
 """Every service's buckets, created by `flotilla.common.bus.Bus.ensure`."""
 

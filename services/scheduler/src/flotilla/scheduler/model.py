@@ -1,7 +1,8 @@
 """What goes into one scheduling decision and what comes out of it.
 
 The scheduler core is a pure function ``core.schedule(SchedulingInput) -> Decision``
-(ARCHITECTURE.md principle 4). This module holds its value types:
+(deterministic: docs/architecture.md, "Rules every service follows"). This module
+holds its value types:
 
 * `Fleet` — the clusters and one capacity snapshot, with the per-cluster facts that
   every decision reads (labels, taints, readiness, served APIs, fit per request

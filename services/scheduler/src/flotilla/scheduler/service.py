@@ -380,6 +380,21 @@ class Scheduler:
             log.info("reschedule of %s ignored: nothing recorded for it", key)
             return
         record = stored[0]
+        if command.release_retiring:
+            # Make-before-break done: drop the Retiring entries, change nothing else.
+            decided = core.release_retiring(record.decided, command.release_retiring)
+            if record.cause == envelope.id or decided is not record.decided:
+                released = record.model_copy(update={"decided": decided, "cause": envelope.id})
+                if decided is not record.decided:  # Conflict: the bus retries on the new record
+                    self.index.apply(
+                        key, released, await self.placements.write(key, released, last=stored[1])
+                    )
+                    await self._release_left(
+                        key, record.analyzed, record.clusters, decided.clusters
+                    )
+                await self._publish(released)
+            if not command.avoid_clusters:
+                return
         cause = Cause(
             event_id=envelope.id,
             uid=record.uid,
