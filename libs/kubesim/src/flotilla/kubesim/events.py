@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import re
 import time
 from collections.abc import Callable
@@ -93,19 +92,11 @@ class Expiry:
         self.ttl = ttl
         self.clock = clock
         self._rt = store.resource_type(*CORE)
-        # namespace -> name -> time of the last write: no key tuple per Event, and one
-        # time object per burst (a cluster may hold tens of thousands of Events).
+        # namespace -> name -> time of the last write: no key tuple per Event (a cluster
+        # may hold tens of thousands of them).
         self._written: dict[str, dict[str, float]] = {}
-        self._now = -math.inf
         self._task: asyncio.Task[None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
-
-    def _stamp(self) -> float:
-        """The clock, reusing the previous reading within a hundredth of the TTL."""
-        now = self.clock()
-        if now - self._now > self.ttl / 100:
-            self._now = now
-        return self._now
 
     def _forget(self, namespace: str, name: str) -> None:
         names = self._written.get(namespace)
@@ -120,7 +111,7 @@ class Expiry:
         if record.type == "DELETED":
             self._forget(namespace, name)
         else:
-            self._written.setdefault(namespace, {})[name] = self._stamp()
+            self._written.setdefault(namespace, {})[name] = self.clock()
 
     def expire(self) -> int:
         """Delete every Event whose time is up; returns how many."""
