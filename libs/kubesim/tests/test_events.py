@@ -342,3 +342,25 @@ async def test_events_wait_while_the_simulator_is_busy() -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_stored_events_stay_compact_and_read_as_plain_json(cluster: Cluster) -> None:
+    """Recorded Events share their key table (and repeated texts) across Events."""
+    import sys
+
+    cluster.create(bare_pod("compact"))
+    await eventually(lambda: len(_events(cluster, kind="Pod", name="compact")) >= 5)
+    rt = cluster.store.resource_type("v1", "Event")
+    stored = [
+        e
+        for e in cluster.store.iter_frozen(rt)
+        if e["involvedObject"].get("name") == "compact" and e["reason"] in ("Created", "Started")
+    ]
+    assert len(stored) == 2
+    for event in stored:
+        assert sys.getsizeof(event) < sys.getsizeof(dict(event))
+        assert json.loads(json.dumps(event)) == dict(event)
+        assert event["apiVersion"] == "v1" and event["kind"] == "Event"
+    created, started = sorted(stored, key=lambda e: e["reason"])
+    assert created["involvedObject"] is started["involvedObject"]
+    assert "generation" not in created["metadata"]

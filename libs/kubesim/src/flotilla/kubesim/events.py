@@ -92,28 +92,38 @@ class Expiry:
         self.ttl = ttl
         self.clock = clock
         self._rt = store.resource_type(*CORE)
-        self._written: dict[tuple[str, str], float] = {}
+        # namespace -> name -> time of the last write: no key tuple per Event (a cluster
+        # may hold tens of thousands of them).
+        self._written: dict[str, dict[str, float]] = {}
         self._task: asyncio.Task[None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
 
-    @staticmethod
-    def _key(event: dict[str, Any]) -> tuple[str, str]:
-        meta = event["metadata"]
-        return (meta.get("namespace") or "", meta["name"])
+    def _forget(self, namespace: str, name: str) -> None:
+        names = self._written.get(namespace)
+        if names is not None:
+            names.pop(name, None)
+            if not names:
+                del self._written[namespace]
 
     def _on_record(self, record: WatchRecord) -> None:
-        key = self._key(record.object)
+        meta = record.object["metadata"]
+        namespace, name = meta.get("namespace") or "", meta["name"]
         if record.type == "DELETED":
-            self._written.pop(key, None)
+            self._forget(namespace, name)
         else:
-            self._written[key] = self.clock()
+            self._written.setdefault(namespace, {})[name] = self.clock()
 
     def expire(self) -> int:
         """Delete every Event whose time is up; returns how many."""
         deadline = self.clock() - self.ttl
-        due = [key for key, written in self._written.items() if written <= deadline]
+        due = [
+            (namespace, name)
+            for namespace, names in self._written.items()
+            for name, written in names.items()
+            if written <= deadline
+        ]
         for namespace, name in due:
-            self._written.pop((namespace, name), None)
+            self._forget(namespace, name)
             with contextlib.suppress(ApiError):
                 self.store.delete(self._rt, namespace or None, name)
         return len(due)
@@ -124,7 +134,8 @@ class Expiry:
             return
         now = self.clock()
         for event in self.store.iter_frozen(self._rt):
-            self._written.setdefault(self._key(event), now)
+            meta = event["metadata"]
+            self._written.setdefault(meta.get("namespace") or "", {}).setdefault(meta["name"], now)
         self._unsubscribe = self.store.add_record_listener(self._rt, self._on_record)
         self._task = asyncio.create_task(self._loop(), name="event-expiry")
 

@@ -26,6 +26,7 @@ import json
 import logging
 import re
 import secrets
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -75,8 +76,58 @@ _SERVER_OWNED_METADATA = (
 )
 
 
+_stamp: list[Any] = [None, ""]  # (second, its RFC 3339 text)
+
+
 def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """The current second as upstream's `Time`; one string per second, shared by every
+    object stamped in it (10,000 pods carry several stamps each)."""
+    second = int(time.time())
+    if second != _stamp[0]:
+        _stamp[1] = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        _stamp[0] = second
+    return str(_stamp[1])
+
+
+# Sub-objects that many stored objects of a kind repeat word for word (a ReplicaSet's
+# containers, labels and owner in each of its pods, the admission tolerations, the
+# conditions written in the same second). Stored objects are never mutated in place,
+# so equal ones are kept once (`Store._share`). "*" walks a list's items.
+_SHARED_PATHS: dict[tuple[str, str], tuple[tuple[str, ...], ...]] = {
+    ("", "Pod"): (
+        ("metadata", "labels"),
+        ("metadata", "annotations"),
+        ("metadata", "ownerReferences"),
+        ("spec", "containers"),
+        ("spec", "initContainers"),
+        ("spec", "volumes"),
+        ("spec", "tolerations"),
+        ("spec", "securityContext"),
+        ("spec", "affinity"),
+        ("spec", "nodeSelector"),
+        ("status", "conditions", "*"),
+        ("status", "hostIPs"),
+        ("status", "containerStatuses", "*", "imageID"),
+        ("status", "containerStatuses", "*", "state"),
+        ("status", "containerStatuses", "*", "lastState"),
+    ),
+}
+# Canonical sub-objects kept at most (oldest forgotten first: later equal ones are
+# then stored once more, nothing else changes).
+SHARED_CACHE_SIZE = 4096
+# Upstream sets metadata.generation only for kinds whose strategy tracks spec changes.
+_NO_GENERATION = frozenset({("", "Event"), ("events.k8s.io", "Event")})
+
+
+def _share_key(value: Any) -> str | None:
+    """The JSON text of `value` (which tells 1, 1.0 and true apart), or None for what
+    is not JSON data."""
+    try:
+        # Without arguments json.dumps reuses its module-level C encoder (several times
+        # faster than building one per call, which this runs on every pod write).
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -244,6 +295,7 @@ class Store:
             )
         }
         self._columns: dict[tuple[str, str, str], builtins.list[dict[str, Any]]] = {}
+        self._shared: dict[str, Any] = {}
         for name in DEFAULT_NAMESPACES:
             self.create(resources.NAMESPACE, {"metadata": {"name": name}})
 
@@ -533,7 +585,8 @@ class Store:
             meta = new["metadata"]
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_rfc3339()
-        meta["generation"] = 1
+        if (rt.group, rt.kind) not in _NO_GENERATION:
+            meta["generation"] = 1
         if dry_run:
             return self._versioned(rt, new)
         meta["resourceVersion"] = self._next_rv()
@@ -891,6 +944,10 @@ class Store:
         new: dict[str, Any],
         old: dict[str, Any] | None,
     ) -> None:
+        paths = _SHARED_PATHS.get((rt.group, rt.kind))
+        if paths is not None:
+            for path in paths:
+                self._share(new, old, path)
         bucket = state.objects.setdefault(ns, {})
         name = new["metadata"]["name"]
         if name not in bucket:
@@ -911,6 +968,46 @@ class Store:
         if old_owners - new_owners:
             for owner in old_owners - new_owners:
                 self._maybe_finish_foreground(owner)
+
+    def _share(self, node: Any, old: Any, path: tuple[str, ...]) -> None:
+        """Replace the value at `path` in `node` (a fresh part of an object about to be
+        stored) with the canonical equal one. Parts identical to the previous version's
+        are already stored, so they are skipped unexamined."""
+        step, rest = path[0], path[1:]
+        if step == "*":
+            if isinstance(node, list):
+                for index, item in enumerate(node):
+                    if rest:
+                        self._share(item, None, rest)
+                    else:
+                        node[index] = self._canonical(item)
+            return
+        if not isinstance(node, dict) or step not in node:
+            return
+        value = node[step]
+        if isinstance(old, dict) and old.get(step) is value:
+            return
+        if rest:
+            self._share(value, old.get(step) if isinstance(old, dict) else None, rest)
+        else:
+            node[step] = self._canonical(value)
+
+    def shared(self, value: Any) -> Any:
+        """The canonical instance equal to `value` (JSON data nobody mutates): for
+        readers that keep parts of objects, such as the simulator's pod labels."""
+        return self._canonical(value)
+
+    def _canonical(self, value: Any) -> Any:
+        key = _share_key(value)
+        if key is None:
+            return value
+        found = self._shared.get(key)
+        if found is not None:
+            return found
+        self._shared[key] = value
+        if len(self._shared) > SHARED_CACHE_SIZE:
+            del self._shared[next(iter(self._shared))]
+        return value
 
     # -- delete ------------------------------------------------------------------------
 

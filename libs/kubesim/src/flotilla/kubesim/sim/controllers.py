@@ -24,10 +24,9 @@ from typing import Any
 from flotilla.kubesim.errors import ApiError
 from flotilla.kubesim.resources import ResourceType
 from flotilla.kubesim.sim import pods, scheduling
-from flotilla.kubesim.sim.nodes import now_rfc3339
 from flotilla.kubesim.sim.scheduling import NodeInfo, PodSchedulingSpec
 from flotilla.kubesim.sim.state import ClusterState, Key, PodRecord
-from flotilla.kubesim.store import Store
+from flotilla.kubesim.store import Store, now_rfc3339
 
 POD_TEMPLATE_HASH = "pod-template-hash"
 REVISION = "deployment.kubernetes.io/revision"

@@ -16,6 +16,7 @@ from typing import Any
 
 from flotilla.common import quantity
 from flotilla.kubesim.sim.scheduling import NodeInfo
+from flotilla.kubesim.store import now_rfc3339
 
 LEASE_NAMESPACE = "kube-node-lease"
 LEASE_DURATION_SECONDS = 40
@@ -26,10 +27,6 @@ ZONE_LABEL = "topology.kubernetes.io/zone"
 KUBELET_VERSION = "v1.34.0-kubesim"
 _SHORT_TOPOLOGY = {"region": REGION_LABEL, "zone": ZONE_LABEL}
 _INVALID_NAME_CHARS = re.compile(r"[^a-z0-9.-]+")
-
-
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def now_micro() -> str:

@@ -12,8 +12,8 @@ import json
 import secrets
 from typing import Any
 
-from flotilla.kubesim.sim.nodes import now_rfc3339
 from flotilla.kubesim.sim.scheduling import CPU, MEMORY
+from flotilla.kubesim.store import now_rfc3339
 
 # Upstream `rand.String` alphabet: no vowels (no accidental words), no look-alikes.
 _ALPHANUMS = "bcdfghjklmnpqrstvwxz2456789"

@@ -88,7 +88,7 @@ def pod_requests(spec: Mapping[str, Any]) -> Resources:
     return {name: value for name, value in total.items() if value or name == PODS}
 
 
-@dataclass
+@dataclass(slots=True)
 class PodSchedulingSpec:
     """The parts of a pod spec the scheduler reads, parsed once per pod."""
 

@@ -43,7 +43,7 @@ from flotilla.kubesim.sim.state import (
     key_of,
     pod_is_ready,
 )
-from flotilla.kubesim.store import Store, StoreEvent
+from flotilla.kubesim.store import Store, StoreEvent, now_rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -344,7 +344,7 @@ class Simulator:
                 owner_kind=ref.get("kind") if ref else None,
                 owner_name=ref.get("name") if ref else None,
                 owner_uid=ref.get("uid") if ref else None,
-                labels=dict(meta.get("labels") or {}),
+                labels=self.store.shared(meta.get("labels") or {}),
                 scheduling=self._parse_scheduling(spec),
                 created=self._created,
             )
@@ -373,7 +373,9 @@ class Simulator:
         elif record.ready_since is None:
             record.ready_since = time.monotonic()
         record.deleting = bool(meta.get("deletionTimestamp"))
-        record.labels = dict(meta.get("labels") or {})
+        labels = meta.get("labels") or {}
+        if labels != record.labels:
+            record.labels = self.store.shared(labels)
         changed = changed or before != (
             record.node_name,
             record.phase,
@@ -406,10 +408,15 @@ class Simulator:
 
     def _parse_scheduling(self, spec: dict[str, Any]) -> PodSchedulingSpec:
         try:
-            return PodSchedulingSpec.from_pod_spec(spec)
+            parsed = PodSchedulingSpec.from_pod_spec(spec)
         except (ValueError, TypeError, AttributeError):
             # A pod the real scheduler would reject at validation; never fits anywhere.
             return PodSchedulingSpec(requests={"pods": 1, "kubesim.flotilla.io/invalid": 1})
+        # Read-only from here on, and the same for every pod of a template: kept once.
+        parsed.requests = self.store.shared(parsed.requests)
+        parsed.node_selector = self.store.shared(parsed.node_selector)
+        parsed.tolerations = self.store.shared(parsed.tolerations)
+        return parsed
 
     def _busy(self) -> bool:
         """Whether any controller, the scheduler or the janitor has work queued."""
@@ -643,7 +650,7 @@ class Simulator:
             spec = node.setdefault("spec", {})
             taints = [t for t in spec.get("taints") or [] if t.get("key") != UNREACHABLE_TAINT]
             if not ready:
-                now = nodes.now_rfc3339()
+                now = now_rfc3339()
                 taints += [
                     {"key": UNREACHABLE_TAINT, "effect": effect, "timeAdded": now}
                     for effect in ("NoSchedule", "NoExecute")
@@ -654,7 +661,7 @@ class Simulator:
                 spec.pop("taints", None)
             node = self.store.update(node_rt, node)
             node.setdefault("status", {})["conditions"] = nodes.node_conditions(
-                nodes.now_rfc3339(), ready=ready
+                now_rfc3339(), ready=ready
             )
             self.store.update(node_rt, node, subresource="status")
             for key in sorted(self.state.pods_by_node.get(name, ())):
