@@ -80,6 +80,9 @@ BUCKETS: tuple[BucketDeclaration, ...] = (
     ),
     BucketDeclaration("watcher", "positions", "watch resume positions per watched type"),
     BucketDeclaration("watcher", "watcher-records", "what the watcher last published per object"),
+    BucketDeclaration(
+        "syncer", "syncer-works", "the last manifest applied per work (drift repair, restarts)"
+    ),
 )
 """Every service's buckets, created by `flotilla.common.bus.Bus.ensure`."""
 
