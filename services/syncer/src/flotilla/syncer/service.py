@@ -14,7 +14,8 @@ back; fields Flotilla does not render stay whoever's they are. A namespaced
 object whose namespace does not exist yet gets the namespace created first (a
 plain Namespace, not labelled as Flotilla's, so Flotilla never deletes it unless
 a Namespace work of its own claims it). Re-applying the same manifest changes
-nothing on the member.
+nothing on the member: a work equal to the recorded one whose member object still
+holds every applied field is not sent again at all.
 
 **Durable record.** Before touching the member, the work's manifest is written to
 the ``syncer-works`` bucket (key = the work key), and tombstoned after a removal.
@@ -233,10 +234,31 @@ class Syncer:
             manifest=work.manifest,
             dependency_of=work.dependency_of,
         )
-        await self.works.put(key, record)
-        self._index(key, record)
+        unchanged = self.index.get(key) == record
+        if not unchanged:
+            await self.works.put(key, record)
+            self._index(key, record)
         async with self.members.connection(work.cluster) as api:
+            if unchanged and await self._in_place(api, record):
+                return
             await self.apply(api, work.cluster, record.manifest)
+
+    async def _in_place(self, api: ApiClient, record: WorkRecord) -> bool:
+        """Whether the member already holds the work as applied (a redelivered or
+        repeated work then costs one read, and the member sees no write at all)."""
+        api_version, kind, namespace, name = record.member
+        resource = await rest.resource(api, api_version, kind)
+        try:
+            live = await rest.call(
+                api, "GET", resource.path(namespace if resource.namespaced else None, name)
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return observation.is_flotillas(live, record.ref.key) and not observation.drifted(
+            record.manifest, live
+        )
 
     async def apply(self, api: ApiClient, cluster: str, manifest: dict[str, Any]) -> None:
         """Server-side apply of one manifest (its namespace first)."""
