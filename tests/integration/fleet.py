@@ -8,8 +8,10 @@ process (``python -m flotilla.<service>``), configured only through its
 ``FLOTILLA_*`` variables, exactly as in production. The test then talks to the
 hub as a user would and reads the bus as an operator would.
 
-Until the syncer reports member capacity and readiness, `Fleet.register` writes
-each member's capacity record into Redis and its `Cluster` status by hand.
+With the syncer among the services, registering a member (its kubeconfig Secret
+and `Cluster`) is all it takes: the syncer writes the capacity record and the
+Cluster's Ready status. A fleet started without the syncer (``services=`` without
+it) has `Fleet.register` write both by hand instead (`Fleet.by_hand`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from flotilla.kubesim.sim import SimOptions
 from flotilla.kubesim.testing import KubeSimFactory
 
 SYSTEM_NAMESPACE = "flotilla-system"
-SERVICES = ("watcher", "depdetector", "scheduler")
+SERVICES = ("watcher", "depdetector", "scheduler", "syncer")
 """The services built so far, started in this order."""
 MEMBERS: Mapping[str, Mapping[str, str]] = {
     "us-east": {"region": "us-east", "zone": "us-east-1a", "provider": "aws"},
@@ -55,6 +57,8 @@ MEMBERS: Mapping[str, Mapping[str, str]] = {
 }
 NODES = 3
 NODE = {"cpu": 8000, "memory": 32 * 2**30, "pods": 110}
+HEARTBEAT = 1.0
+"""The syncer's heartbeat in the fixture (seconds): Ready and capacity come quickly."""
 
 
 class Fleet:
@@ -67,8 +71,11 @@ class Fleet:
         redis_server: RedisServer,
         prefix: str,
         state: Path,
+        by_hand: bool = False,
     ) -> None:
         self.hub = hub
+        self.by_hand = by_hand
+        """Write capacity records and Ready by hand (no syncer in this fleet)."""
         self.members = members
         self.nats_server = nats_server
         self.redis_server = redis_server
@@ -95,6 +102,7 @@ class Fleet:
             "FLOTILLA_HEALTH_PORT": "0",
             "FLOTILLA_INSTANCE": f"{service}-1",
             "FLOTILLA_LOG_LEVEL": "INFO",
+            "FLOTILLA_HEARTBEAT_INTERVAL": str(HEARTBEAT),
         }
 
     async def start_service(self, service: str) -> None:
@@ -129,7 +137,8 @@ class Fleet:
         self, name: str, labels: Mapping[str, str], *, nodes: int = NODES, ready: bool = True
     ) -> None:
         """A member as an operator registers it: its kubeconfig Secret and `Cluster`;
-        and (until the syncer exists) its capacity record and Ready status."""
+        and, in a fleet without the syncer (`by_hand`), its capacity record and
+        Ready status."""
         core = k8s.CoreV1Api(self.api)
         secret: Any = {
             "metadata": {"name": name, "namespace": SYSTEM_NAMESPACE},
@@ -149,6 +158,8 @@ class Fleet:
             },
         }
         created = await self.create(cluster)
+        if not self.by_hand:
+            return
         node_records = [
             capacity.NodeCapacity(name=f"{name}-n{i}", allocatable=dict(NODE), free=dict(NODE))
             for i in range(nodes)
@@ -257,6 +268,7 @@ async def running_fleet(
         redis_server=redis_server,
         prefix=prefix,
         state=state,
+        by_hand="syncer" not in services,
     )
     hub.write_kubeconfig(fleet.hub_kubeconfig)
     api = await k8s_config.new_client_from_config_dict(hub.kubeconfig(), context=hub.name)
