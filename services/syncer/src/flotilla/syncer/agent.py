@@ -138,7 +138,7 @@ class ClusterAgent:
             present.add(observation.identity(item))
             await self.seen(item)
         for key, record in self.syncer.records_of(self.cluster, api_version, kind):
-            if record.member not in present:
+            if record.member not in present and key not in self.syncer.applying:
                 await self.repair(key, record, "missing")
         version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
         watch_query = [*query, ("resourceVersion", version), ("allowWatchBookmarks", "true")]

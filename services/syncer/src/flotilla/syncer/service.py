@@ -162,6 +162,9 @@ class Syncer:
         """Clusters registered without a kubeconfig Secret: their own syncer pulls."""
         self.follower = Follower(works, on_change=self._on_record)
         self._namespaces: dict[str, set[str]] = {}
+        self.applying: set[str] = set()
+        """Work keys whose handler is applying them now: a watch's list that misses
+        one of them is early, not looking at a deletion."""
 
     @property
     def service(self) -> str:
@@ -235,13 +238,17 @@ class Syncer:
             dependency_of=work.dependency_of,
         )
         unchanged = self.index.get(key) == record
-        if not unchanged:
-            await self.works.put(key, record)
-            self._index(key, record)
-        async with self.members.connection(work.cluster) as api:
-            if unchanged and await self._in_place(api, record):
-                return
-            await self.apply(api, work.cluster, record.manifest)
+        self.applying.add(key)
+        try:
+            if not unchanged:
+                await self.works.put(key, record)
+                self._index(key, record)
+            async with self.members.connection(work.cluster) as api:
+                if unchanged and await self._in_place(api, record):
+                    return
+                await self.apply(api, work.cluster, record.manifest)
+        finally:
+            self.applying.discard(key)
 
     async def _in_place(self, api: ApiClient, record: WorkRecord) -> bool:
         """Whether the member already holds the work as applied (a redelivered or
