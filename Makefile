@@ -52,6 +52,7 @@ bench: bootstrap
 	$(PY) bench/capacity.py
 	$(PY) bench/scheduler.py
 	$(PY) bench/kubesim.py
+	$(PY) bench/transformer.py
 
 lock: $(UV)
 	$(UV) lock

@@ -19,7 +19,7 @@ one core are the bottleneck). Commit times come from a store record listener in 
 process; both processes read the same wall clock.
 
     .venv/bin/python bench/kubesim.py [--deployments 100 --replicas 100 --nodes 100
-                                       --watchers 20 --decode-json]
+                                       --watchers 20 --decode-json --insecure-http]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import json
 import math
 import re
 import resource
+import ssl
 import sys
 import tempfile
 import time
@@ -107,14 +108,18 @@ async def _watch_one(
 
 
 async def watch_main(
-    url: str, token: str, since: str, count: int, out: Path, decode: bool
+    url: str, token: str, since: str, count: int, out: Path, decode: bool, ca_file: str
 ) -> list[list[tuple[int, float]]]:
-    """Child process: `count` watchers, until the rv written to `out`.stop has arrived."""
+    """Child process: `count` watchers, until the rv written to `out`.stop has arrived.
+
+    `ca_file` is the server's CA (PEM) when it serves https, "-" over plain http.
+    """
     stop_file = out.with_suffix(".stop")
     stop_rv: list[int] = []
     headers = {"Authorization": f"Bearer {token}"}
     timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
-    connector = aiohttp.TCPConnector(limit=count + 4)
+    tls = ssl.create_default_context(cafile=ca_file) if ca_file != "-" else False
+    connector = aiohttp.TCPConnector(limit=count + 4, ssl=tls)
     async with aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector) as s:
         started = [asyncio.Event() for _ in range(count)]
         results: list[list[tuple[int, float]]] = [[] for _ in range(count)]
@@ -180,7 +185,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         node_pods=110,
         pod_ready_seconds=args.pod_ready_seconds,
     )
-    kubesim = KubeSim("bench", sim=options)
+    kubesim = KubeSim("bench", sim=options, tls=not args.insecure_http)
     await kubesim.start()
     store = kubesim.store
     pod_rt = store.resource_type("v1", "Pod")
@@ -197,6 +202,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     _, list_rv = store.list_frozen(pod_rt)
     workdir = Path(tempfile.mkdtemp(prefix="kubesim-bench-"))
     out = workdir / "receipts.json"
+    ca_file = "-"
+    if kubesim.authority is not None:
+        (workdir / "ca.crt").write_bytes(kubesim.authority.cert_pem)
+        ca_file = str(workdir / "ca.crt")
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         __file__,
@@ -207,6 +216,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         str(args.watchers),
         str(out),
         "decode" if args.decode_json else "scan",
+        ca_file,
         stdout=asyncio.subprocess.PIPE,
     )
     assert child.stdout is not None
@@ -291,9 +301,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--watch":
-        url, token, since, count, out, mode = sys.argv[2:8]
+        url, token, since, count, out, mode, ca_file = sys.argv[2:9]
         receipts = asyncio.run(
-            watch_main(url, token, since, int(count), Path(out), mode == "decode")
+            watch_main(url, token, since, int(count), Path(out), mode == "decode", ca_file)
         )
         Path(out).write_text(json.dumps(receipts))
         return
@@ -304,6 +314,11 @@ def main() -> None:
     parser.add_argument("--watchers", type=int, default=20)
     parser.add_argument("--pod-ready-seconds", type=float, default=1.0)
     parser.add_argument("--limit-seconds", type=float, default=300.0)
+    parser.add_argument(
+        "--insecure-http",
+        action="store_true",
+        help="serve plain http instead of https (to see what TLS costs)",
+    )
     parser.add_argument(
         "--decode-json",
         action="store_true",

@@ -43,7 +43,7 @@ from flotilla.kubesim.sim import SimOptions
 from flotilla.kubesim.testing import KubeSimFactory
 
 SYSTEM_NAMESPACE = "flotilla-system"
-SERVICES = ("watcher", "depdetector", "scheduler", "syncer")
+SERVICES = ("watcher", "depdetector", "scheduler", "transformer", "syncer")
 """The services built so far, started in this order."""
 MEMBERS: Mapping[str, Mapping[str, str]] = {
     "us-east": {"region": "us-east", "zone": "us-east-1a", "provider": "aws"},

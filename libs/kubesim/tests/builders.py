@@ -31,3 +31,32 @@ def deployment(
             },
         },
     }
+
+
+def crd(
+    group: str,
+    kind: str,
+    schema: dict[str, Any],
+    *,
+    printer_columns: list[dict[str, Any]] | None = None,
+    categories: list[str] | None = None,
+) -> dict[str, Any]:
+    """A namespaced single-version (v1) CustomResourceDefinition; plural = kind + "s"."""
+    plural = f"{kind.lower()}s"
+    names: dict[str, Any] = {"plural": plural, "kind": kind}
+    if categories:
+        names["categories"] = categories
+    version: dict[str, Any] = {
+        "name": "v1",
+        "served": True,
+        "storage": True,
+        "schema": {"openAPIV3Schema": schema},
+    }
+    if printer_columns:
+        version["additionalPrinterColumns"] = printer_columns
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {"group": group, "scope": "Namespaced", "names": names, "versions": [version]},
+    }

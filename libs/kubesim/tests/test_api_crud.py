@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import aiohttp
 import pytest
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from flotilla.kubesim.server import KubeSim
+from flotilla.kubesim.testing import http_session
 
 from . import builders
 
@@ -201,7 +201,7 @@ async def test_namespace_lifecycle(client: Any) -> None:
 async def test_unauthorized(hub: KubeSim, header: str | None) -> None:
     headers = {"Authorization": header} if header else {}
     async with (
-        aiohttp.ClientSession() as session,
+        http_session(hub) as session,
         session.get(f"{hub.url}/api/v1/namespaces", headers=headers) as resp,
     ):
         assert resp.status == 401
@@ -231,7 +231,7 @@ async def test_all_builtin_kinds_round_trip(hub: KubeSim, client: Any) -> None:
         ("v1", "Node", "nodes", False),
     ]
     headers = {"Authorization": f"Bearer {hub.token}"}
-    async with aiohttp.ClientSession(headers=headers) as session:
+    async with http_session(hub, headers=headers) as session:
         for api_version, kind, plural, namespaced in dynamic_free:
             prefix = f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"
             base = f"{hub.url}{prefix}/" + (

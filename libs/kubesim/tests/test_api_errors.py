@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from flotilla.kubesim.server import BODY_LIMIT, KubeSim
+from flotilla.kubesim.testing import http_session
 
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
 JSON = {"Content-Type": "application/json"}
@@ -24,7 +25,7 @@ def as_file(obj: Any) -> io.BytesIO:
 @pytest.fixture
 async def session(hub: KubeSim) -> AsyncIterator[aiohttp.ClientSession]:
     headers = {"Authorization": f"Bearer {hub.token}"}
-    async with aiohttp.ClientSession(base_url=hub.url, headers=headers) as http:
+    async with http_session(hub, base_url=hub.url, headers=headers) as http:
         yield http
 
 
@@ -151,7 +152,7 @@ async def test_stats(session: aiohttp.ClientSession, client: Any) -> None:
 
 async def test_sim_endpoints_need_the_token(hub: KubeSim) -> None:
     async with (
-        aiohttp.ClientSession() as http,
+        http_session(hub) as http,
         http.post(f"{hub.url}/sim/v1/outage", json={"down": True}) as resp,
     ):
         assert resp.status == 401

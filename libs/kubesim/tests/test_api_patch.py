@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import aiohttp
 import pytest
 import yaml
 from hypothesis import given, settings
@@ -15,6 +14,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from flotilla.kubesim import patch as patches
 from flotilla.kubesim.server import KubeSim
+from flotilla.kubesim.testing import http_session
 
 from . import builders
 
@@ -292,7 +292,7 @@ async def test_apply_accepts_yaml_and_creates(hub: KubeSim) -> None:
         "Authorization": f"Bearer {hub.token}",
         "Content-Type": "application/apply-patch+yaml",
     }
-    async with aiohttp.ClientSession(headers=headers) as session:
+    async with http_session(hub, headers=headers) as session:
         async with session.patch(url, data=body) as resp:
             assert resp.status == 201
             created = await resp.json()

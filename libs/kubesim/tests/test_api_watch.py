@@ -7,7 +7,6 @@ import json
 import time
 from typing import Any
 
-import aiohttp
 import pytest
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import watch
@@ -16,6 +15,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from flotilla.kubesim import server
 from flotilla.kubesim import watch as watch_module
 from flotilla.kubesim.server import KubeSim
+from flotilla.kubesim.testing import http_session
 
 
 def configmap(name: str, **labels: str) -> k8s.V1ConfigMap:
@@ -142,7 +142,7 @@ async def test_expired_resource_version_is_410(hub: KubeSim, client: Any) -> Non
 async def test_outage_ends_watches_and_returns_503(hub: KubeSim, client: Any) -> None:
     core = k8s.CoreV1Api(client)
     headers = {"Authorization": f"Bearer {hub.token}"}
-    async with aiohttp.ClientSession(headers=headers) as session:
+    async with http_session(hub, headers=headers) as session:
         async with session.get(
             f"{hub.url}/api/v1/namespaces/default/configmaps?watch=true"
         ) as resp:
@@ -166,7 +166,7 @@ async def test_outage_ends_watches_and_returns_503(hub: KubeSim, client: Any) ->
 async def test_latency_injection(hub: KubeSim, client: Any) -> None:
     core = k8s.CoreV1Api(client)
     headers = {"Authorization": f"Bearer {hub.token}"}
-    async with aiohttp.ClientSession(headers=headers) as session:
+    async with http_session(hub, headers=headers) as session:
         async with session.post(f"{hub.url}/sim/v1/latency", json={"ms": 200}) as resp:
             assert resp.status == 200
         started = time.monotonic()
@@ -210,7 +210,7 @@ async def test_legacy_watch_path_for_one_object(hub: KubeSim, client: Any) -> No
         f"?resourceVersion={listed.metadata.resource_version}&timeoutSeconds=1"
     )
     async with (
-        aiohttp.ClientSession(headers={"Authorization": f"Bearer {hub.token}"}) as session,
+        http_session(hub, headers={"Authorization": f"Bearer {hub.token}"}) as session,
         session.get(url) as resp,
     ):
         lines = (await resp.read()).splitlines()
@@ -224,7 +224,7 @@ async def test_watch_of_a_vanished_client_is_reaped(
     monkeypatch.setattr(server, "_WATCH_POLL_SECONDS", 0.05)
     headers = {"Authorization": f"Bearer {hub.token}"}
     async with (
-        aiohttp.ClientSession(headers=headers) as session,
+        http_session(hub, headers=headers) as session,
         session.get(f"{hub.url}/api/v1/namespaces?watch=true") as resp,
     ):
         await resp.content.readline()
@@ -244,7 +244,7 @@ async def test_a_watcher_too_far_behind_is_cut_off(
     headers = {"Authorization": f"Bearer {hub.token}"}
     url = f"{hub.url}/api/v1/namespaces/default/configmaps?watch=true&resourceVersion=1"
     async with (
-        aiohttp.ClientSession(headers=headers) as session,
+        http_session(hub, headers=headers) as session,
         session.get(url) as resp,
     ):
         for i in range(10):  # committed synchronously, before the writer can drain

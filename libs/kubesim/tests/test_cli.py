@@ -39,7 +39,7 @@ async def launch(
     )
     assert process.stdout is not None
     line = await asyncio.wait_for(process.stdout.readline(), 30)
-    assert line.startswith(b"READY http://127.0.0.1:"), line
+    assert line.startswith(b"READY https://127.0.0.1:"), line
     # The contract: the kubeconfig exists before READY is printed.
     assert await asyncio.to_thread(kubeconfig.exists)
     return process, line.decode().split()[1]

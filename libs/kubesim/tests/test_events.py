@@ -7,7 +7,6 @@ import contextlib
 import json
 from typing import Any
 
-import aiohttp
 import pytest
 
 from flotilla.kubesim import events
@@ -15,6 +14,7 @@ from flotilla.kubesim.__main__ import build, parse_args
 from flotilla.kubesim.server import KubeSim
 from flotilla.kubesim.sim import recorder
 from flotilla.kubesim.store import Store
+from flotilla.kubesim.testing import http_session
 
 from .simcluster import Cluster, bare_pod, container, deployment, eventually, template
 
@@ -48,7 +48,7 @@ def warning(name: str = "hub-warning") -> dict[str, Any]:
 
 async def _call(hub: KubeSim, method: str, path: str, body: Any = None) -> tuple[int, Any]:
     async with (
-        aiohttp.ClientSession() as http,
+        http_session(hub) as http,
         http.request(
             method, f"{hub.url}{path}", json=body, headers={"Authorization": f"Bearer {hub.token}"}
         ) as resp,
@@ -130,7 +130,7 @@ async def test_field_selectors_of_both_apis(
 
 async def test_watching_through_events_k8s_io_sees_core_writes(hub: KubeSim) -> None:
     async with (
-        aiohttp.ClientSession() as http,
+        http_session(hub) as http,
         http.get(
             f"{hub.url}{NEW}",
             params={"watch": "1", "fieldSelector": "regarding.name=member-1"},

@@ -9,6 +9,7 @@ import pytest
 
 from flotilla.kubesim import protobuf
 from flotilla.kubesim.server import KubeSim
+from flotilla.kubesim.testing import http_session
 
 from .simcluster import Cluster, deployment, eventually
 
@@ -74,7 +75,7 @@ class Api:
 
 @pytest.fixture
 async def api(hub: KubeSim) -> Any:
-    async with aiohttp.ClientSession() as http:
+    async with http_session(hub) as http:
         yield Api(hub, http)
 
 

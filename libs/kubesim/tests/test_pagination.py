@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import aiohttp
 import pytest
 
 from flotilla.kubesim import pagination
 from flotilla.kubesim.server import KubeSim
 from flotilla.kubesim.store import Store
+from flotilla.kubesim.testing import http_session
 
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
 
 
 async def _call(hub: KubeSim, method: str, path: str, body: Any = None, **params: str) -> Any:
     async with (
-        aiohttp.ClientSession() as http,
+        http_session(hub) as http,
         http.request(
             method,
             f"{hub.url}{path}",

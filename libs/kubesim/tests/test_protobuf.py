@@ -7,7 +7,6 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -15,6 +14,7 @@ from hypothesis import strategies as st
 from flotilla.kubesim import protobuf, protobuf_messages
 from flotilla.kubesim.protobuf import Field, ProtobufError
 from flotilla.kubesim.server import KubeSim
+from flotilla.kubesim.testing import http_session
 
 
 def _ld(number: int, payload: bytes) -> bytes:
@@ -226,7 +226,7 @@ def _headers(hub: KubeSim, **extra: str) -> dict[str, str]:
 async def test_protobuf_bodies_create_and_delete_over_http(hub: KubeSim) -> None:
     pb = protobuf.MEDIA_TYPE
     body = protobuf.encode({"apiVersion": "v1", "kind": "ConfigMap", **GOLDEN_JSON})
-    async with aiohttp.ClientSession() as http:
+    async with http_session(hub) as http:
         url = f"{hub.url}/api/v1/namespaces/default/configmaps"
         async with http.post(
             url,
@@ -270,7 +270,7 @@ async def test_protobuf_bodies_create_and_delete_over_http(hub: KubeSim) -> None
 
 async def test_garbage_protobuf_is_a_400_and_untabled_kinds_a_406(hub: KubeSim) -> None:
     pb = protobuf.MEDIA_TYPE
-    async with aiohttp.ClientSession() as http:
+    async with http_session(hub) as http:
         async with http.post(
             f"{hub.url}/api/v1/namespaces/default/configmaps",
             data=b"k8s\x00\xff",

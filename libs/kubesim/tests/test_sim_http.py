@@ -7,12 +7,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
 from kubernetes_asyncio import client, watch
 
 from flotilla.kubesim.server import KubeSim
 from flotilla.kubesim.sim import SimOptions
-from flotilla.kubesim.testing import api_client
+from flotilla.kubesim.testing import api_client, http_session
 
 FAST = SimOptions(nodes=2, pod_ready_seconds=0.05, job_seconds=0.05)
 Factory = Callable[..., Awaitable[KubeSim]]
@@ -110,7 +109,7 @@ async def test_pod_watch_sees_a_pod_scheduled_and_running(kubesim_factory: Facto
 async def test_sim_nodes_route_adds_and_cordons_nodes(kubesim_factory: Factory) -> None:
     cluster = await kubesim_factory("member-c", sim=FAST)
     headers = {"Authorization": f"Bearer {cluster.token}"}
-    async with aiohttp.ClientSession(cluster.url) as http:
+    async with http_session(cluster, base_url=cluster.url) as http:
         async with http.post("/sim/v1/nodes", json={"action": "add", "count": 2}) as response:
             assert response.status == 401
         async with http.post(

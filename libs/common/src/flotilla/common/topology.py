@@ -81,6 +81,16 @@ BUCKETS: tuple[BucketDeclaration, ...] = (
     BucketDeclaration("watcher", "positions", "watch resume positions per watched type"),
     BucketDeclaration("watcher", "watcher-records", "what the watcher last published per object"),
     BucketDeclaration(
+        "transformer",
+        "transformer-objects",
+        "per placed object: its last analysis and decision, and the works it holds",
+    ),
+    BucketDeclaration(
+        "transformer",
+        "transformer-dependents",
+        "per as-needed dependency: the objects needing it on each cluster, by compare-and-set",
+    ),
+    BucketDeclaration(
         "syncer", "syncer-works", "the last manifest applied per work (drift repair, restarts)"
     ),
 )

@@ -58,6 +58,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="seconds an Event lives after its last write",
     )
     parser.add_argument("--no-events", action="store_true", help="the simulator records no Events")
+    parser.add_argument(
+        "--insecure-http",
+        action="store_true",
+        help="serve plain http (debugging only: kubectl sends no token over http)",
+    )
+    parser.add_argument(
+        "--tls-dir",
+        default=None,
+        help="keep the CA here and reuse it on restart (default: a new CA per start)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -87,6 +97,8 @@ def build(args: argparse.Namespace) -> KubeSim:
         watch_window=args.watch_window,
         host=args.host,
         event_ttl=args.event_ttl,
+        tls=not args.insecure_http,
+        tls_dir=args.tls_dir,
     )
 
 

@@ -349,6 +349,29 @@ def _map_entry(f: Field, value: int | bytes, where: str) -> tuple[str, Any]:
     return key, item
 
 
+def readable(data: bytes) -> bool:
+    """Whether `decode` has a table for the message a framed body carries."""
+    try:
+        api_version, kind = _type_meta(data)
+    except ProtobufError:
+        return False
+    return message_name(api_version, kind) is not None
+
+
+def _type_meta(data: bytes) -> tuple[str, str]:
+    if not data.startswith(MAGIC):
+        raise ProtobufError("the body does not start with the Kubernetes protobuf magic")
+    api_version = kind = ""
+    for number, _, value in _fields(data[len(MAGIC) :]):
+        if number == 1 and isinstance(value, bytes):
+            for sub, _, text in _fields(value):
+                if sub == 1 and isinstance(text, bytes):
+                    api_version = text.decode()
+                elif sub == 2 and isinstance(text, bytes):
+                    kind = text.decode()
+    return api_version, kind
+
+
 def decode(data: bytes) -> dict[str, Any]:
     """A `k8s\\x00`-framed body as the JSON object it stands for (with apiVersion/kind)."""
     if not data.startswith(MAGIC):

@@ -26,6 +26,9 @@ class ResourceType:
     subresources: frozenset[str] = frozenset()
     short_names: tuple[str, ...] = ()
     custom: bool = False
+    categories: tuple[str, ...] = ()
+    # Create-only kinds (access and identity reviews) are answered, never stored.
+    create_only: bool = False
 
     @property
     def api_version(self) -> str:
@@ -62,6 +65,8 @@ def _rt(
     scale: bool = False,
     short: tuple[str, ...] = (),
     extra: frozenset[str] = frozenset(),
+    categories: tuple[str, ...] = (),
+    create_only: bool = False,
 ) -> ResourceType:
     group, _, version = api_version.rpartition("/")
     subresources = (_STATUS if status else frozenset()) | ({"scale"} if scale else frozenset())
@@ -74,26 +79,63 @@ def _rt(
         namespaced=namespaced,
         subresources=frozenset(subresources),
         short_names=short,
+        categories=categories,
+        create_only=create_only,
     )
+
+
+_ALL = ("all",)
 
 
 BUILTIN_TYPES: tuple[ResourceType, ...] = (
     _rt("v1", "Namespace", "namespaces", namespaced=False, status=True, short=("ns",)),
     _rt("v1", "Node", "nodes", namespaced=False, status=True, short=("no",)),
-    _rt("v1", "Pod", "pods", status=True, short=("po",), extra=frozenset({"eviction"})),
-    _rt("v1", "Service", "services", status=True, short=("svc",)),
+    _rt(
+        "v1",
+        "Pod",
+        "pods",
+        status=True,
+        short=("po",),
+        extra=frozenset({"eviction"}),
+        categories=_ALL,
+    ),
+    _rt("v1", "Service", "services", status=True, short=("svc",), categories=_ALL),
     _rt("v1", "ConfigMap", "configmaps", short=("cm",)),
     _rt("v1", "Secret", "secrets"),
     _rt("v1", "ServiceAccount", "serviceaccounts", short=("sa",)),
     _rt("v1", "PersistentVolumeClaim", "persistentvolumeclaims", status=True, short=("pvc",)),
     _rt("v1", "Event", "events", short=("ev",)),
     _rt("events.k8s.io/v1", "Event", "events", short=("ev",)),
-    _rt("apps/v1", "Deployment", "deployments", status=True, scale=True, short=("deploy",)),
-    _rt("apps/v1", "ReplicaSet", "replicasets", status=True, scale=True, short=("rs",)),
-    _rt("apps/v1", "StatefulSet", "statefulsets", status=True, scale=True, short=("sts",)),
-    _rt("apps/v1", "DaemonSet", "daemonsets", status=True, short=("ds",)),
-    _rt("batch/v1", "Job", "jobs", status=True),
-    _rt("batch/v1", "CronJob", "cronjobs", status=True, short=("cj",)),
+    _rt(
+        "apps/v1",
+        "Deployment",
+        "deployments",
+        status=True,
+        scale=True,
+        short=("deploy",),
+        categories=_ALL,
+    ),
+    _rt(
+        "apps/v1",
+        "ReplicaSet",
+        "replicasets",
+        status=True,
+        scale=True,
+        short=("rs",),
+        categories=_ALL,
+    ),
+    _rt(
+        "apps/v1",
+        "StatefulSet",
+        "statefulsets",
+        status=True,
+        scale=True,
+        short=("sts",),
+        categories=_ALL,
+    ),
+    _rt("apps/v1", "DaemonSet", "daemonsets", status=True, short=("ds",), categories=_ALL),
+    _rt("batch/v1", "Job", "jobs", status=True, categories=_ALL),
+    _rt("batch/v1", "CronJob", "cronjobs", status=True, short=("cj",), categories=_ALL),
     _rt("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", status=True, short=("pdb",)),
     _rt("networking.k8s.io/v1", "Ingress", "ingresses", status=True, short=("ing",)),
     _rt("rbac.authorization.k8s.io/v1", "Role", "roles"),
@@ -106,6 +148,27 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
         namespaced=False,
     ),
     _rt("coordination.k8s.io/v1", "Lease", "leases"),
+    _rt(
+        "authorization.k8s.io/v1",
+        "SelfSubjectAccessReview",
+        "selfsubjectaccessreviews",
+        namespaced=False,
+        create_only=True,
+    ),
+    _rt(
+        "authorization.k8s.io/v1",
+        "SelfSubjectRulesReview",
+        "selfsubjectrulesreviews",
+        namespaced=False,
+        create_only=True,
+    ),
+    _rt(
+        "authentication.k8s.io/v1",
+        "SelfSubjectReview",
+        "selfsubjectreviews",
+        namespaced=False,
+        create_only=True,
+    ),
     _rt(
         "apiextensions.k8s.io/v1",
         "CustomResourceDefinition",

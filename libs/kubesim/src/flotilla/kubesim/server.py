@@ -1,18 +1,26 @@
 """The kubesim HTTP API server: Kubernetes REST semantics over the in-memory store.
 
 `KubeSim` is one simulated cluster: a `Store`, an aiohttp app speaking the
-Kubernetes API (discovery, CRUD, list/watch, patch, apply, status subresources,
-CRDs), bearer-token auth, fault injection under `/sim/v1`, and — unless it is a hub
-— the cluster simulator from `flotilla.kubesim.sim`. Several can run in one event
-loop; `flotilla-kubesim` runs one per process.
+Kubernetes API (discovery with categories, CRUD, list/watch, patch, apply, status
+and scale subresources, CRDs, dry run, field validation, Tables for `kubectl get`,
+OpenAPI v2/v3, access reviews, service-account tokens, pod logs), served over https
+with a CA of its own and bearer-token auth, fault injection under `/sim/v1`, and —
+unless it is a hub — the cluster simulator from `flotilla.kubesim.sim`. Several can
+run in one event loop; `flotilla-kubesim` runs one per process. It follows
+Kubernetes v1.34 (see `KUBERNETES_VERSION`).
 
 Routing is a single catch-all handler that parses the path itself, because the
 served kinds change at runtime (CRDs) and aiohttp's router is frozen once the app
 starts.
 
 Deliberately absent (a request for them gets a 4xx Status, never a silent success):
-`dryRun`, pods' `binding`/`log`/`exec`, `/openapi`, aggregated discovery and Table
-output. `limit`/`continue` pages are one consistent snapshot (see `pagination`).
+CBOR request bodies (415; protobuf bodies are decoded for the built-in kinds
+kubectl sends them for: see `protobuf`), pods' `binding`, `exec`, `attach` and
+`portforward`, `kubectl logs -f` streaming (the log is returned whole), protobuf
+watch streams, aggregated discovery (kubectl falls back to the per-group
+documents), HTTP/2, authorization (one token may do everything), service-account
+tokens as credentials, admission webhooks and API priority and fairness.
+`limit`/`continue` pages are one consistent snapshot (see `pagination`).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import json
 import logging
 import os
 import secrets
+import ssl
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -31,11 +40,13 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from aiohttp import web
 
+from flotilla.kubesim import access, errors, events, eviction, openapi, pagination, protobuf, tables
 from flotilla.kubesim import apply as ssa
-from flotilla.kubesim import events, eviction, pagination, protobuf
 from flotilla.kubesim import patch as patches
+from flotilla.kubesim import schema as crd_schema
+from flotilla.kubesim import tls as tls_certs
 from flotilla.kubesim.errors import ApiError, bad_request, reason_for
-from flotilla.kubesim.resources import ResourceType
+from flotilla.kubesim.resources import NAMESPACE, ResourceType
 from flotilla.kubesim.selectors import (
     parse_field_selector,
     parse_label_selector,
@@ -51,14 +62,17 @@ log = logging.getLogger(__name__)
 
 BODY_LIMIT = 3 * 1024 * 1024
 _DRAIN_LIMIT = 64 * 1024 * 1024
+# The minor whose behaviour kubesim follows (defaults, field validation, Table columns,
+# discovery) and the kubectl its test suite drives; a client more than one minor away
+# gets kubectl's version-skew warning, as it would against a real server.
 KUBERNETES_VERSION = {
     "major": "1",
-    "minor": "31",
-    "gitVersion": "v1.31.0-kubesim",
+    "minor": "34",
+    "gitVersion": "v1.34.0-kubesim",
     "gitCommit": "0000000000000000000000000000000000000000",
     "gitTreeState": "clean",
     "buildDate": "2026-01-01T00:00:00Z",
-    "goVersion": "go1.22.0",
+    "goVersion": "go1.24.0",
     "compiler": "gc",
     "platform": "linux/amd64",
 }
@@ -69,6 +83,11 @@ _BODY_TYPES = (*_JSON_TYPES, *_YAML_TYPES, protobuf.MEDIA_TYPE)
 # Upstream returns the deleted object for these; a Status for everything else.
 _RETURNS_DELETED = frozenset({("", "Pod"), ("", "Namespace")})
 _UNAUTHENTICATED = frozenset({"/healthz", "/livez", "/readyz"})
+_FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
+# Deeper JSON is refused with 400 before anything recursive (schema walks, copies) sees it.
+MAX_JSON_DEPTH = 500
+_WARNINGS: web.RequestKey[list[str]] = web.RequestKey("kubesim.warnings", list)
+_BODY_DRY_RUN: web.RequestKey[bool] = web.RequestKey("kubesim.dry_run", bool)
 # How often an idle watch checks whether its client went away.
 _WATCH_POLL_SECONDS = 2.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -124,6 +143,75 @@ def _bool_param(value: str | None) -> bool:
     return value is not None and value.lower() in ("true", "1")
 
 
+def _int_param(query: Mapping[str, str], name: str) -> int | None:
+    value = query.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise bad_request(f"{name} must be an integer, got {value!r}") from None
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether JSON data nests deeper than `limit` (iterative: no recursion to run out of)."""
+    stack = [(value, 1)]
+    while stack:
+        current, depth = stack.pop()
+        if isinstance(current, dict):
+            children: Any = current.values()
+        elif isinstance(current, list):
+            children = current
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _duplicate_keys(raw: bytes) -> list[str]:
+    """Keys repeated within one JSON object of `raw` (which already decoded cleanly)."""
+    found: list[str] = []
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                found.append(key)
+            seen.add(key)
+        return dict(pairs)
+
+    json.loads(raw, object_pairs_hook=hook)
+    return found
+
+
+def _go_type(value: Any) -> str:
+    """The JSON type name Go's decoder uses in "cannot unmarshal <type>" messages."""
+    kind = crd_schema.json_type(value)
+    return {"boolean": "bool", "integer": "number"}.get(kind, kind)
+
+
+def _warn(request: web.Request, message: str) -> None:
+    request.setdefault(_WARNINGS, []).append(message)
+
+
+def _dry_run(request: web.Request) -> bool:
+    """`dryRun=All` in the query (writes) or in the DeleteOptions body (deletes)."""
+    if request.get(_BODY_DRY_RUN):
+        return True
+    values = request.query.getall("dryRun", [])
+    for value in values:
+        if value != "All":
+            raise bad_request(f'Invalid dryRun value: {value!r}: only "All" is supported')
+    return bool(values)
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj["metadata"]
+    return (meta.get("namespace") or "", meta["name"])
+
+
 def _get_path(obj: Any, path: str) -> Any:
     """The value at a `.spec.replicas`-style path, or None."""
     current = obj
@@ -148,6 +236,44 @@ def default_field_manager(request: web.Request) -> str:
     return agent.split("/", 1)[0].strip() or "unknown"
 
 
+async def _pod_log(
+    kubesim: KubeSim, request: web.Request, rt: ResourceType, namespace: str, name: str
+) -> web.StreamResponse:
+    pod = kubesim.store.get_frozen(rt, namespace, name)
+    tail = _int_param(request.query, "tailLines")
+    text = access.pod_log(pod, request.query.get("container"), tail)
+    return web.Response(text=text, content_type="text/plain")
+
+
+async def _service_account_token(
+    kubesim: KubeSim, request: web.Request, rt: ResourceType, namespace: str, name: str
+) -> web.StreamResponse:
+    account = kubesim.store.get_frozen(rt, namespace, name)
+    body = await kubesim._answer_body(request)
+    answer = access.token_request(kubesim.name, namespace, account, body)
+    return _json(answer, 201)
+
+
+Action = Callable[["KubeSim", web.Request, ResourceType, str, str], Awaitable[web.StreamResponse]]
+# Subresources that are verbs rather than stored state: (group, plural, subresource, method).
+_ACTIONS: dict[tuple[str, str, str | None, str], Action] = {
+    ("", "pods", "log", "GET"): _pod_log,
+    ("", "serviceaccounts", "token", "POST"): _service_account_token,
+}
+_ACTION_DISCOVERY: dict[tuple[str, str], list[dict[str, Any]]] = {
+    ("", "pods"): [{"name": "pods/log", "kind": "Pod", "verbs": ["get"]}],
+    ("", "serviceaccounts"): [
+        {
+            "name": "serviceaccounts/token",
+            "kind": "TokenRequest",
+            "group": "authentication.k8s.io",
+            "version": "v1",
+            "verbs": ["create"],
+        }
+    ],
+}
+
+
 class KubeSim:
     """One simulated Kubernetes cluster (or a bare API server when `hub=True`)."""
 
@@ -163,6 +289,8 @@ class KubeSim:
         host: str = "127.0.0.1",
         bookmark_interval: float = 60.0,
         event_ttl: float = events.DEFAULT_TTL_SECONDS,
+        tls: bool = True,
+        tls_dir: str | Path | None = None,
     ) -> None:
         self.name = name
         self.port = port
@@ -180,6 +308,16 @@ class KubeSim:
         self._watches = WatchHub()
         self._runner: web.AppRunner | None = None
         self._requests = 0
+        self._documents = openapi.Documents(
+            lambda: list(self.store.registry), self.store.crd_schema
+        )
+        self.authority: tls_certs.Authority | None = None
+        if tls:
+            self.authority = (
+                tls_certs.Authority.load_or_create(tls_dir, name)
+                if tls_dir is not None
+                else tls_certs.Authority.generate(name)
+            )
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -199,10 +337,14 @@ class KubeSim:
         )
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self.host, self.port)
+            context = None
+            if self.authority is not None:
+                context = self.authority.server_context([self.host, "127.0.0.1", "localhost"])
+            site = web.TCPSite(runner, self.host, self.port, ssl_context=context)
             await site.start()
             self.port = int(runner.addresses[0][1])
-            self.url = f"http://{self.host}:{self.port}"
+            scheme = "https" if context is not None else "http"
+            self.url = f"{scheme}://{self.host}:{self.port}"
             self._runner = runner
             self.event_expiry.start()
             if self.simulator is not None:
@@ -240,15 +382,22 @@ class KubeSim:
     def kubeconfig(self) -> dict[str, Any]:
         if not self.url:
             raise RuntimeError("kubesim is not started; the kubeconfig needs its URL")
+        cluster: dict[str, Any] = {"server": self.url}
+        if self.authority is not None:
+            cluster["certificate-authority-data"] = self.authority.cert_data
         return {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": self.name, "cluster": {"server": self.url}}],
+            "clusters": [{"name": self.name, "cluster": cluster}],
             "users": [{"name": self.name, "user": {"token": self.token}}],
             "contexts": [{"name": self.name, "context": {"cluster": self.name, "user": self.name}}],
             "current-context": self.name,
             "preferences": {},
         }
+
+    def client_ssl(self) -> ssl.SSLContext | bool:
+        """The `ssl=` argument for a raw aiohttp client of this server (False over http)."""
+        return self.authority.client_context() if self.authority is not None else False
 
     def write_kubeconfig(self, path: str | Path) -> None:
         """Write atomically, so a reader polling for the file never sees half of it."""
@@ -334,7 +483,11 @@ class KubeSim:
                         "ServiceUnavailable",
                         f"kubesim {self.name} is in a simulated outage",
                     )
-            return protobuf.negotiated(request.headers.get("Accept"), await handler(request))
+            response = protobuf.negotiated(request.headers.get("Accept"), await handler(request))
+            if not response.prepared:
+                for message in request.get(_WARNINGS, ()):
+                    response.headers.add("Warning", f"299 - {json.dumps(message)}")
+            return response
         except ApiError as error:
             return _status_response(error)
         except web.HTTPException as exc:
@@ -405,12 +558,34 @@ class KubeSim:
             raise bad_request("the request body is empty")
         try:
             if content_type in _YAML_TYPES or content_type == patches.APPLY_PATCH:
-                return yaml.load(raw, Loader=_YamlLoader)  # noqa: S506 - a safe loader
-            if content_type == protobuf.MEDIA_TYPE:
-                return protobuf.decode(raw)
-            return json.loads(raw)
+                decoded = yaml.load(raw, Loader=_YamlLoader)  # noqa: S506 - a safe loader
+            elif content_type == protobuf.MEDIA_TYPE:
+                decoded = protobuf.decode(raw)
+            else:
+                decoded = json.loads(raw)
+        except RecursionError:
+            raise bad_request(
+                f"the request body is nested too deeply (more than {MAX_JSON_DEPTH} levels)"
+            ) from None
         except (ValueError, yaml.YAMLError) as exc:
             raise bad_request(f"the request body could not be decoded: {exc}") from exc
+        if _depth_exceeds(decoded, MAX_JSON_DEPTH):
+            raise bad_request(
+                f"the request body is nested too deeply (more than {MAX_JSON_DEPTH} levels)"
+            )
+        return decoded
+
+    async def _answer_body(self, request: web.Request) -> Any:
+        """The body of a request that is answered rather than stored (reviews, tokens):
+        decoded JSON/YAML/protobuf, or None for an empty body or a message kubesim has
+        no protobuf table for (kubectl's access reviews), whose answer then uses defaults."""
+        raw = await self._read_body(request)
+        content_type = self._content_type(request)
+        if not raw.strip() or content_type not in _BODY_TYPES:
+            return None
+        if content_type == protobuf.MEDIA_TYPE and not protobuf.readable(raw):
+            return None
+        return self._decode(raw, content_type)
 
     async def _read_object(self, request: web.Request, rt: ResourceType) -> dict[str, Any]:
         content_type = self._content_type(request)
@@ -422,8 +597,10 @@ class KubeSim:
                 f"include: application/json, application/yaml, {protobuf.MEDIA_TYPE} "
                 f"(got {content_type!r})",
             )
-        obj = self._decode(await self._read_body(request), content_type)
-        return self._check_object(obj, rt)
+        raw = await self._read_body(request)
+        obj = self._check_object(self._decode(raw, content_type), rt)
+        self._check_fields(request, rt, obj, raw if content_type in _JSON_TYPES else None)
+        return obj
 
     @staticmethod
     def _check_object(obj: Any, rt: ResourceType) -> dict[str, Any]:
@@ -464,6 +641,8 @@ class KubeSim:
         segments = [s for s in request.path.split("/") if s]
         if segments == ["version"]:
             return _json(KUBERNETES_VERSION)
+        if segments and segments[0] == "openapi":
+            return self._openapi(request, segments[1:])
         if not segments or segments[0] not in ("api", "apis"):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if segments[0] == "api":
@@ -493,12 +672,18 @@ class KubeSim:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         name = rest[1] if len(rest) > 1 else None
         subresource = rest[2] if len(rest) > 2 else None
+        method = request.method
+        if rt.create_only:
+            if method != "POST" or name is not None:
+                raise ApiError(405, "MethodNotAllowed", f"{rt.group_resource} only accept create")
+            body = await self._answer_body(request)
+            return _json(access.review(rt.kind, rt.api_version, body), 201)
+        action = _ACTIONS.get((rt.group, rt.plural, subresource, method))
+        if action is not None and name is not None and namespace is not None:
+            return await action(self, request, rt, namespace, name)
         if subresource is not None and subresource not in rt.subresources:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         query = request.query
-        if query.get("dryRun"):
-            raise bad_request("dryRun is not supported by kubesim")
-        method = request.method
         if name is None:
             if method == "GET":
                 if watch_path or _bool_param(query.get("watch")):
@@ -524,7 +709,10 @@ class KubeSim:
             pdb_rt = self.store.resource_type("policy/v1", "PodDisruptionBudget")
             return _json(eviction.evict(self.store, rt, pdb_rt, namespace, name, body), 201)
         elif method == "GET":
-            return _json(_versioned(rt, self.store.get_frozen(rt, namespace, name)))
+            obj = _versioned(rt, self.store.get_frozen(rt, namespace, name))
+            if self._wants_table(request):
+                return _json(self._table(request, rt, [obj], {"resourceVersion": ""}))
+            return _json(obj)
         elif method == "PUT":
             return await self._update(request, rt, namespace, name, subresource)
         elif method == "PATCH":
@@ -574,11 +762,15 @@ class KubeSim:
                 "singularName": rt.singular,
                 "namespaced": rt.namespaced,
                 "kind": rt.kind,
-                "verbs": _VERBS,
+                "verbs": ["create"] if rt.create_only else _VERBS,
             }
             if rt.short_names:
                 entry["shortNames"] = list(rt.short_names)
+            if rt.categories:
+                entry["categories"] = list(rt.categories)
             entries.append(entry)
+            for extra in _ACTION_DISCOVERY.get((rt.group, rt.plural), []):
+                entries.append({"singularName": "", "namespaced": rt.namespaced, **extra})
             if rt.has_status:
                 entries.append(
                     {
@@ -614,6 +806,8 @@ class KubeSim:
 
     def _list(self, request: web.Request, rt: ResourceType, namespace: str | None) -> web.Response:
         items, metadata = pagination.page(self.store, rt, namespace, request.query)
+        if self._wants_table(request):
+            return _json(self._table(request, rt, [_versioned(rt, o) for o in items], metadata))
         body = {
             "kind": rt.list_kind,
             "apiVersion": rt.api_version,
@@ -622,16 +816,133 @@ class KubeSim:
         }
         return _json(body)
 
+    # -- server-side printing ----------------------------------------------------------------
+
+    @staticmethod
+    def _wants_table(request: web.Request) -> bool:
+        accept = request.headers.get("Accept", "")
+        return "as=Table" in accept and tables.media_wants_table(accept)
+
+    def _printer(self, rt: ResourceType) -> tables.Printer:
+        columns = self.store.printer_columns(rt) if rt.custom else None
+        return tables.printer_for(rt, columns)
+
+    def _table(
+        self,
+        request: web.Request,
+        rt: ResourceType,
+        items: list[dict[str, Any]],
+        metadata: Mapping[str, Any],
+        *,
+        with_columns: bool = True,
+    ) -> dict[str, Any]:
+        include = request.query.get("includeObject") or "Metadata"
+        if include not in ("None", "Metadata", "Object"):
+            raise bad_request(f"includeObject must be None, Metadata or Object, got {include!r}")
+        return tables.table(
+            self._printer(rt),
+            items,
+            include=include,
+            metadata=metadata,
+            with_columns=with_columns,
+        )
+
+    def _table_encoder(
+        self, request: web.Request, rt: ResourceType
+    ) -> Callable[[str, Mapping[str, Any]], bytes]:
+        """Watch events as one-row Tables; column definitions only in the first, as upstream."""
+        first = [True]
+
+        def encode(kind: str, obj: Mapping[str, Any]) -> bytes:
+            body = self._table(
+                request,
+                rt,
+                [_versioned(rt, dict(obj))],
+                {"resourceVersion": str((obj.get("metadata") or {}).get("resourceVersion", ""))},
+                with_columns=first[0],
+            )
+            first[0] = False
+            return encode_event(kind, body)
+
+        return encode
+
+    # -- OpenAPI -----------------------------------------------------------------------------
+
+    def _openapi(self, request: web.Request, rest: list[str]) -> web.Response:
+        if request.method != "GET":
+            raise ApiError(405, "MethodNotAllowed", "OpenAPI documents are read-only")
+        if rest == ["v2"]:
+            return _json(self._documents.v2())
+        if rest == ["v3"]:
+            return _json(self._documents.v3_root())
+        doc = None
+        if len(rest) == 3 and rest[:2] == ["v3", "api"]:
+            doc = self._documents.v3_group_version("", rest[2])
+        elif len(rest) == 4 and rest[:2] == ["v3", "apis"]:
+            doc = self._documents.v3_group_version(rest[2], rest[3])
+        if doc is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return _json(doc)
+
+    # -- field validation ---------------------------------------------------------------------
+
+    def _check_fields(
+        self, request: web.Request, rt: ResourceType, obj: dict[str, Any], raw: bytes | None
+    ) -> None:
+        """`fieldValidation` as upstream: unknown (and duplicate) fields are an error
+        (Strict), a `Warning` header (Warn, the default) or nothing (Ignore). Unknown
+        fields of built-in kinds are dropped, as decoding into typed structs drops them;
+        a value of the wrong JSON type for a built-in field is 400, as it fails to decode.
+        Duplicate fields are looked for only when the client names a directive (kubectl
+        always does): finding them costs a second parse of the body.
+        """
+        directive = request.query.get("fieldValidation") or "Warn"
+        if directive not in _FIELD_VALIDATION:
+            raise bad_request(
+                f"fieldValidation must be one of {', '.join(_FIELD_VALIDATION)}, got {directive!r}"
+            )
+        problems: list[str] = []
+        if raw is not None and directive != "Ignore" and "fieldValidation" in request.query:
+            problems += [f'duplicate field "{key}"' for key in _duplicate_keys(raw)]
+        if rt.custom:
+            schema = self.store.crd_schema(rt)
+            if schema is not None:
+                unknown, _ = openapi.unknown_fields(obj, schema, {}, prune=False)
+                problems += [f'unknown field "{path}"' for path in unknown]
+        else:
+            found = self._documents.schema_for(rt)
+            if found is not None:
+                unknown, mismatched = openapi.unknown_fields(obj, found[0], found[1], prune=True)
+                if mismatched:
+                    path, expected, value = mismatched[0]
+                    raise bad_request(
+                        f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: '
+                        f"json: cannot unmarshal {_go_type(value)} into Go struct field "
+                        f"{rt.kind}.{path} of type {expected}"
+                    )
+                problems += [f'unknown field "{path}"' for path in unknown]
+        if not problems or directive == "Ignore":
+            return
+        if directive == "Strict":
+            raise bad_request(
+                f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: '
+                f"strict decoding error: {', '.join(problems)}"
+            )
+        for problem in problems:
+            _warn(request, problem)
+
     async def _watch(
         self, request: web.Request, rt: ResourceType, namespace: str | None
     ) -> web.StreamResponse:
         query = request.query
         label_selector, field_selector = query.get("labelSelector"), query.get("fieldSelector")
+        encode = self._table_encoder(request, rt) if self._wants_table(request) else None
         watcher = Watcher(
             rt,
             namespace,
             parse_label_selector(label_selector),
             parse_field_selector(events.field_selector(rt.api_version, rt.kind, field_selector)),
+            encode,
         )
         timeout = pagination.int_param(query, "timeoutSeconds")
         bookmarks = _bool_param(query.get("allowWatchBookmarks"))
@@ -641,7 +952,10 @@ class KubeSim:
         expired: ApiError | None = None
         if since in (None, "", "0"):
             items, _ = self.store.list_frozen(rt, namespace, label_selector, field_selector)
-            initial = [encode_event("ADDED", obj, api_version) for obj in items]
+            if encode is not None:
+                initial = [encode("ADDED", obj) for obj in items]
+            else:
+                initial = [encode_event("ADDED", obj, api_version) for obj in items]
         else:
             try:
                 since_rv = int(since)
@@ -650,7 +964,9 @@ class KubeSim:
             try:
                 for record in self.store.history_since(rt, since_rv):
                     kind = watcher.event_type(record)
-                    if kind is not None:
+                    if kind is not None and encode is not None:
+                        initial.append(encode(kind, record.object))
+                    elif kind is not None:
                         initial.append(encode_record(record, kind, rt))
             except ApiError as error:
                 expired = error
@@ -730,7 +1046,7 @@ class KubeSim:
             obj.pop("status", None)
         obj["metadata"].pop("managedFields", None)
         ssa.record_update(None, obj, rt=rt, manager=self._manager(request), now=now_rfc3339())
-        created = self.store.create(rt, obj)
+        created = self.store.create(rt, obj, dry_run=_dry_run(request))
         return _json(created, 201)
 
     async def _update(
@@ -745,7 +1061,7 @@ class KubeSim:
         self._place(obj, rt, namespace, name)
         current = self.store.get_frozen(rt, namespace, name)
         self._track(request, rt, current, obj, subresource)
-        updated = self.store.update(rt, obj, subresource=subresource)
+        updated = self.store.update(rt, obj, subresource=subresource, dry_run=_dry_run(request))
         return _json(updated)
 
     def _track(
@@ -802,6 +1118,14 @@ class KubeSim:
         body = self._decode(raw, content_type)
         if content_type == patches.APPLY_PATCH:
             return self._apply(request, rt, namespace, name, subresource, body)
+        if content_type != patches.JSON_PATCH and "fieldValidation" in request.query:
+            duplicates = _duplicate_keys(raw)
+            if duplicates:
+                problems = ", ".join(f'duplicate field "{key}"' for key in duplicates)
+                if request.query["fieldValidation"] == "Strict":
+                    raise bad_request(f"strict decoding error: {problems}")
+                if request.query["fieldValidation"] == "Warn":
+                    _warn(request, problems)
         current = self.store.get_frozen(rt, namespace, name)
         if content_type == patches.MERGE_PATCH:
             if not isinstance(body, dict):
@@ -819,8 +1143,9 @@ class KubeSim:
         for key, value in (("name", name), ("namespace", current["metadata"].get("namespace"))):
             if meta.get(key) != value:
                 raise ApiError(422, "Invalid", f"metadata.{key}: Invalid value: field is immutable")
+        self._check_fields(request, rt, new, None)
         self._track(request, rt, current, new, subresource)
-        updated = self.store.update(rt, new, subresource=subresource)
+        updated = self.store.update(rt, new, subresource=subresource, dry_run=_dry_run(request))
         return _json(updated)
 
     def _apply(
@@ -833,6 +1158,7 @@ class KubeSim:
         body: Any,
     ) -> web.Response:
         applied = self._check_object(body, rt)
+        self._check_fields(request, rt, applied, None)
         if not applied.get("apiVersion") or not applied.get("kind"):
             raise bad_request("apply requires apiVersion and kind in the applied configuration")
         self._place(applied, rt, namespace, name)
@@ -857,9 +1183,10 @@ class KubeSim:
             now=now_rfc3339(),
             subresource=subresource or "",
         )
+        dry_run = _dry_run(request)
         if live is None:
-            return _json(self.store.create(rt, result), 201)
-        return _json(self.store.update(rt, result, subresource=subresource))
+            return _json(self.store.create(rt, result, dry_run=dry_run), 201)
+        return _json(self.store.update(rt, result, subresource=subresource, dry_run=dry_run))
 
     # -- scale -----------------------------------------------------------------------------
 
@@ -945,6 +1272,11 @@ class KubeSim:
         if propagation is None:
             propagation = "Orphan" if orphan_flag else "Background"
         preconditions = options.get("preconditions")
+        dry_run = options.get("dryRun")
+        if dry_run:
+            if dry_run != ["All"]:
+                raise bad_request(f'Invalid dryRun value: {dry_run!r}: only ["All"] is supported')
+            request[_BODY_DRY_RUN] = True
         return str(propagation), preconditions if isinstance(preconditions, dict) else None
 
     async def _delete(
@@ -952,6 +1284,8 @@ class KubeSim:
     ) -> web.Response:
         propagation, preconditions = await self._delete_options(request)
         before = self.store.get_frozen(rt, namespace, name)
+        if _dry_run(request):
+            return self._dry_run_delete(rt, before, preconditions)
         result = self.store.delete(
             rt, namespace, name, propagation=propagation, preconditions=preconditions
         )
@@ -965,6 +1299,30 @@ class KubeSim:
             return _json(result)
         return _json(_success(rt, before))
 
+    @staticmethod
+    def _dry_run_delete(
+        rt: ResourceType, current: dict[str, Any], preconditions: dict[str, Any] | None
+    ) -> web.Response:
+        """What a delete would answer, changing nothing: the object as it would be
+        (terminating when finalizers hold it), or the Success status."""
+        meta = current["metadata"]
+        for key in ("uid", "resourceVersion"):
+            want = (preconditions or {}).get(key)
+            if want and str(want) != meta.get(key):
+                raise errors.conflict(
+                    rt.plural,
+                    meta["name"],
+                    f"Precondition failed: {key} in precondition: {want}, "
+                    f"{key} in object meta: {meta.get(key)}",
+                    rt.group,
+                )
+        if meta.get("finalizers") or rt == NAMESPACE:
+            shown = {**current, "metadata": {**meta, "deletionTimestamp": now_rfc3339()}}
+            return _json(_versioned(rt, shown))
+        if rt.custom or (rt.group, rt.kind) in _RETURNS_DELETED:
+            return _json(_versioned(rt, current))
+        return _json(_success(rt, current))
+
     async def _delete_collection(
         self, request: web.Request, rt: ResourceType, namespace: str | None
     ) -> web.Response:
@@ -973,8 +1331,9 @@ class KubeSim:
         items, _ = self.store.list_frozen(
             rt, namespace, query.get("labelSelector"), query.get("fieldSelector")
         )
-        deleted = []
-        for obj in items:
+        dry_run = _dry_run(request)
+        deleted = [_versioned(rt, obj) for obj in items] if dry_run else []
+        for obj in [] if dry_run else items:
             meta = obj["metadata"]
             try:
                 deleted.append(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import json
 import logging
 import re
 import secrets
@@ -32,10 +33,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from flotilla.kubesim import errors, events, resources
+from flotilla.kubesim import defaults, errors, events, resources
 from flotilla.kubesim import schema as crd_schema
 from flotilla.kubesim.errors import ApiError
 from flotilla.kubesim.resources import ResourceType
+from flotilla.kubesim.schema import clone
 from flotilla.kubesim.selectors import labels_of, parse_field_selector, parse_label_selector
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,18 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # RBAC objects are named like "system:controller:foo"; upstream only forbids "/" and "%".
 _PATH_SEGMENT_NAME = re.compile(r"^[^/%]+$")
 _RBAC_GROUP = "rbac.authorization.k8s.io"
+# Upstream's TotalAnnotationSizeLimitB.
+MAX_ANNOTATIONS_BYTES = 256 * 1024
+_REPLICATED = frozenset(
+    {
+        ("apps", "Deployment"),
+        ("apps", "ReplicaSet"),
+        ("apps", "StatefulSet"),
+        ("", "ReplicationController"),
+    }
+)
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _NOT_SPEC = frozenset({"metadata", "status", "apiVersion", "kind"})
 _SERVER_OWNED_METADATA = (
     "uid",
@@ -59,15 +73,6 @@ _SERVER_OWNED_METADATA = (
     "deletionTimestamp",
     "deletionGracePeriodSeconds",
 )
-
-
-def clone(value: Any) -> Any:
-    """Deep copy of JSON data; several times faster than `copy.deepcopy` for it."""
-    if isinstance(value, dict):
-        return {k: clone(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [clone(v) for v in value]
-    return value
 
 
 def now_rfc3339() -> str:
@@ -167,6 +172,7 @@ def types_from_crd(crd: dict[str, Any]) -> list[ResourceType]:
                 subresources=subresources,
                 short_names=tuple(names.get("shortNames") or ()),
                 custom=True,
+                categories=tuple(names.get("categories") or ()),
             )
         )
     return out
@@ -219,6 +225,7 @@ class Store:
                 self.resource_type(*events.CORE), events.to_events_v1, events.to_core
             )
         }
+        self._columns: dict[tuple[str, str, str], builtins.list[dict[str, Any]]] = {}
         for name in DEFAULT_NAMESPACES:
             self.create(resources.NAMESPACE, {"metadata": {"name": name}})
 
@@ -458,19 +465,27 @@ class Store:
     # -- create ------------------------------------------------------------------------
 
     def create(
-        self, rt: ResourceType, obj: dict[str, Any], *, owned: bool = False
+        self,
+        rt: ResourceType,
+        obj: dict[str, Any],
+        *,
+        owned: bool = False,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
-        """Store a new object; returns a copy of what was stored.
+        """Store a new object; returns a copy of what was stored. With `dry_run`,
+        everything but storing it (no event, no resourceVersion).
 
         `owned=True` hands `obj` over instead (no copy in, and the stored object itself
         out, which the caller must not mutate): for writers like the Event recorder that
         build a fresh dict per object and never look at it again.
         """
         self._check_served(rt)
+        if rt.create_only:
+            raise errors.bad_request(f"{rt.group_resource} are answered, not stored")
         if not isinstance(obj, dict):
             raise errors.bad_request("object must be a JSON object")
         if (view := self._view(rt)) is not None:
-            return view.to_view(self.create(view.base, view.to_base(obj)))
+            return view.to_view(self.create(view.base, view.to_base(obj), dry_run=dry_run))
         new: dict[str, Any] = obj if owned else clone(obj)
         new["apiVersion"] = rt.api_version
         new["kind"] = rt.kind
@@ -501,12 +516,22 @@ class Store:
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_rfc3339()
         meta["generation"] = 1
+        if dry_run:
+            return self._versioned(rt, new)
         meta["resourceVersion"] = self._next_rv()
         if rt == resources.CRD:
             self._register_crd(new)
         self._put(rt, state, ns, new, None)
         self._emit(rt, "ADDED", new, None)
+        if rt == resources.NAMESPACE:
+            self._add_default_service_account(str(name))
         return new if owned else self._versioned(rt, new)
+
+    def _add_default_service_account(self, namespace: str) -> None:
+        """Every namespace gets a `default` ServiceAccount, as the token controller makes."""
+        accounts = self.registry.by_kind("v1", "ServiceAccount")
+        if "default" not in self._state(accounts).objects.get(namespace, {}):
+            self.create(accounts, {"metadata": {"name": "default", "namespace": namespace}})
 
     def _validate(self, rt: ResourceType, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
@@ -538,6 +563,29 @@ class Store:
                 isinstance(k, str) and isinstance(v, str) for k, v in value.items()
             ):
                 causes.append((f"metadata.{key}", "Invalid value: must map strings to strings"))
+        causes += _label_causes(meta.get("labels"))
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict):
+            size = sum(len(str(k)) + len(str(v)) for k, v in annotations.items())
+            if size > MAX_ANNOTATIONS_BYTES:
+                causes.append(
+                    (
+                        "metadata.annotations",
+                        f"Too long: may not be more than {MAX_ANNOTATIONS_BYTES} bytes",
+                    )
+                )
+        if (rt.group, rt.kind) in _REPLICATED and isinstance(obj.get("spec"), dict):
+            replicas = obj["spec"].get("replicas")
+            if replicas is not None and (
+                not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0
+            ):
+                causes.append(
+                    (
+                        "spec.replicas",
+                        f"Invalid value: {json.dumps(replicas)}: must be greater than or "
+                        "equal to 0",
+                    )
+                )
         finalizers = meta.get("finalizers")
         if finalizers is not None and (
             not isinstance(finalizers, list) or not all(isinstance(f, str) for f in finalizers)
@@ -569,7 +617,7 @@ class Store:
             )
 
     def _default(self, rt: ResourceType, obj: dict[str, Any]) -> None:
-        """The handful of server-side defaults clients and the simulator rely on."""
+        """Create-time defaults: status, namespace finalizers, service IPs, then `defaults`."""
         key = (rt.group, rt.kind)
         if key == ("", "Pod"):
             status = obj.setdefault("status", {})
@@ -581,29 +629,15 @@ class Store:
             obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = obj[
                 "metadata"
             ]["name"]
-        elif key in (("apps", "Deployment"), ("apps", "ReplicaSet"), ("apps", "StatefulSet")):
-            spec = obj.setdefault("spec", {})
-            if isinstance(spec, dict):
-                spec.setdefault("replicas", 1)
-        elif key == ("batch", "Job"):
-            spec = obj.setdefault("spec", {})
-            if isinstance(spec, dict):
-                spec.setdefault("completions", 1)
-                spec.setdefault("parallelism", 1)
-                spec.setdefault("backoffLimit", 6)
         elif key == ("", "Service"):
             spec = obj.setdefault("spec", {})
-            if isinstance(spec, dict):
-                spec.setdefault("type", "ClusterIP")
-                if spec.get("clusterIP") is None:
-                    self._service_ips += 1
-                    n = self._service_ips
-                    spec["clusterIP"] = f"10.96.{(n >> 8) & 255}.{n & 255}"
-                    spec["clusterIPs"] = [spec["clusterIP"]]
-                for port in spec.get("ports") or []:
-                    if isinstance(port, dict):
-                        port.setdefault("protocol", "TCP")
-                        port.setdefault("targetPort", port.get("port"))
+            if isinstance(spec, dict) and spec.get("clusterIP") is None:
+                self._service_ips += 1
+                n = self._service_ips
+                spec["clusterIP"] = f"10.96.{(n >> 8) & 255}.{n & 255}"
+                spec["clusterIPs"] = [spec["clusterIP"]]
+        if not rt.custom:
+            defaults.apply(rt.group, rt.kind, obj)
 
     # -- CRDs --------------------------------------------------------------------------
 
@@ -628,10 +662,15 @@ class Store:
                 self.registry.remove(rt)
         for rt in types_from_crd(crd):
             self.registry.add(rt)
-        for table in (self._schemas, self._scales):
+        for table in (self._schemas, self._scales, self._columns):
             for key in [k for k in table if k[:2] == (group, plural)]:
                 del table[key]
         for version in spec["versions"]:
+            columns = version.get("additionalPrinterColumns")
+            if isinstance(columns, list):
+                self._columns[(group, plural, version["name"])] = [
+                    c for c in columns if isinstance(c, dict)
+                ]
             schema = (version.get("schema") or {}).get("openAPIV3Schema")
             if isinstance(schema, dict):
                 self._schemas[(group, plural, version["name"])] = schema
@@ -677,9 +716,17 @@ class Store:
                     self._remove(custom[0], obj)
         for rt in custom:
             self.registry.remove(rt)
-        for table in (self._schemas, self._scales):
+        for table in (self._schemas, self._scales, self._columns):
             for key in [k for k in table if k[:2] == (group, plural)]:
                 del table[key]
+
+    def crd_schema(self, rt: ResourceType) -> dict[str, Any] | None:
+        """The `openAPIV3Schema` of a served custom resource version (never mutate it)."""
+        return self._schemas.get((rt.group, rt.plural, rt.version))
+
+    def printer_columns(self, rt: ResourceType) -> builtins.list[dict[str, Any]]:
+        """The `additionalPrinterColumns` of a served custom resource version."""
+        return self._columns.get((rt.group, rt.plural, rt.version), [])
 
     def scale_paths(self, rt: ResourceType) -> dict[str, Any]:
         """Where a type with a `scale` subresource keeps replicas (CRD `subresources.scale`)."""
@@ -687,13 +734,15 @@ class Store:
             return {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"}
         return self._scales.get((rt.group, rt.plural, rt.version), {})
 
-    def _admitted(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+    def _admitted(
+        self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """A pruned, defaulted copy of a custom resource; 422 if its schema rejects it."""
         schema = self._schemas.get((rt.group, rt.plural, rt.version))
         if schema is None:
             return obj
         admitted: dict[str, Any] = clone(obj)
-        crd_schema.admit(admitted, schema, rt.kind, rt.group)
+        crd_schema.admit(admitted, schema, rt.kind, rt.group, old=old)
         return admitted
 
     # -- update ------------------------------------------------------------------------
@@ -704,7 +753,9 @@ class Store:
         obj: dict[str, Any],
         *,
         subresource: str | None = None,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
+        """Replace an object (or its status); with `dry_run`, the result without storing it."""
         self._check_served(rt)
         if not isinstance(obj, dict):
             raise errors.bad_request("object must be a JSON object")
@@ -741,7 +792,7 @@ class Store:
             if "managedFields" in meta_in:
                 new["metadata"]["managedFields"] = clone(meta_in["managedFields"])
             if rt.custom:
-                new = self._admitted(rt, new)
+                new = self._admitted(rt, new, current)
         elif subresource is None:
             new = clone(obj)
             new["apiVersion"] = rt.api_version
@@ -762,8 +813,10 @@ class Store:
             self._validate(rt, new)
             _normalize(rt, new)
             if rt.custom:
-                new = self._admitted(rt, new)
+                new = self._admitted(rt, new, current)
                 meta = new["metadata"]
+            else:
+                defaults.apply(rt.group, rt.kind, new)
             if rt == resources.CRD:
                 _validate_crd(new)
                 self._check_crd_conflict(new)
@@ -791,6 +844,8 @@ class Store:
 
         if new == current:
             return self._versioned(rt, current)
+        if dry_run:
+            return self._versioned(rt, new)
         return self._commit_update(rt, current, new)
 
     def _commit_update(
@@ -1047,6 +1102,40 @@ def _normalize(rt: ResourceType, obj: dict[str, Any]) -> None:
         for key, value in string_data.items():
             data[key] = base64.b64encode(str(value).encode()).decode()
         obj["data"] = data
+
+
+def _label_causes(labels: Any) -> list[tuple[str, str]]:
+    """Upstream's qualified-name rules for label keys and its label-value rules."""
+    if not isinstance(labels, dict):
+        return []
+    causes = []
+    for key, value in labels.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            continue
+        prefix, _, name = key.rpartition("/")
+        if (
+            not name
+            or len(name) > 63
+            or not _LABEL_NAME.match(name)
+            or (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)))
+        ):
+            causes.append(
+                (
+                    "metadata.labels",
+                    f'Invalid value: "{key}": name part must consist of alphanumeric characters, '
+                    "'-', '_' or '.', and must start and end with an alphanumeric character",
+                )
+            )
+        if len(value) > 63 or not _LABEL_VALUE.match(value):
+            causes.append(
+                (
+                    "metadata.labels",
+                    f'Invalid value: "{value}": a valid label must be an empty string or consist '
+                    "of alphanumeric characters, '-', '_' or '.', and must start and end with "
+                    "an alphanumeric character (at most 63 characters)",
+                )
+            )
+    return causes
 
 
 def _owner_uids(obj: dict[str, Any] | None) -> set[str]:

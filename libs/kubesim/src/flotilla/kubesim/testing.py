@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import aiohttp
 import pytest
 
 from flotilla.kubesim.server import KubeSim
@@ -40,6 +41,18 @@ async def kubesim_factory() -> AsyncIterator[KubeSimFactory]:
     finally:
         for kubesim in reversed(started):
             await kubesim.stop()
+
+
+def http_session(kubesim: KubeSim, **kwargs: Any) -> aiohttp.ClientSession:
+    """A raw aiohttp session that trusts the cluster's CA (no Authorization header added)."""
+    connector = aiohttp.TCPConnector(ssl=kubesim.client_ssl())
+    return aiohttp.ClientSession(connector=connector, **kwargs)
+
+
+def auth_session(kubesim: KubeSim, **kwargs: Any) -> aiohttp.ClientSession:
+    """`http_session` that also sends the cluster's bearer token."""
+    headers = {"Authorization": f"Bearer {kubesim.token}", **kwargs.pop("headers", {})}
+    return http_session(kubesim, headers=headers, **kwargs)
 
 
 @asynccontextmanager

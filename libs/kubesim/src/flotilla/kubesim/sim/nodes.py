@@ -23,7 +23,7 @@ GPU = "nvidia.com/gpu"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 REGION_LABEL = "topology.kubernetes.io/region"
 ZONE_LABEL = "topology.kubernetes.io/zone"
-KUBELET_VERSION = "v1.31.0-kubesim"
+KUBELET_VERSION = "v1.34.0-kubesim"
 _SHORT_TOPOLOGY = {"region": REGION_LABEL, "zone": ZONE_LABEL}
 _INVALID_NAME_CHARS = re.compile(r"[^a-z0-9.-]+")
 

@@ -1,0 +1,683 @@
+"""The transformer service: analyses and decisions in, one `WorkRendered` per work out.
+
+Handlers (one `Router`, partitioned by the object's key, so an object's analyses
+and decisions arrive in the order they were published):
+
+* ``ResourceAnalyzed`` and ``PlacementDecided`` — store what the event says about
+  the object in its `ObjectRecord`, then reconcile the object's works
+  (`Transformer.reconcile`) from the record: level-triggered, so either event, a
+  redelivery or a replay converges to the same works.
+* ``ResourceAnalyzed`` of an ``as-needed`` object a policy selects (a ConfigMap
+  that changed) also refreshes its works on the clusters where objects need it.
+* ``ConfigChanged`` — forget the cached transformations (a changed Transformation
+  applies from the next render of each object it names).
+
+One reconciliation (`Transformer.reconcile`):
+
+1. read the record (a placed object needs both its analysis and its decision;
+   until it has both, or once either says deleted, it wants no works at all);
+2. read what rendering needs from the hub: the Clusters' labels and reported API
+   resources, the transformations the object names, its dependencies and its own
+   Namespace (only ``as-needed`` ones that exist are synced along; the dependency
+   detector has already warned about missing ones); Clusters and transformations
+   are cached briefly (`HUB_CACHE_TTL`);
+3. render (`flotilla.transformer.rendering`, pure); a work that fails (a failing
+   transformation, a cluster that does not serve the type) gets a Warning Event
+   naming the cluster and the reason and is skipped: the other clusters' works go
+   out, and what that cluster already has stays until a render succeeds or the
+   object leaves it;
+4. move this object in and out of each dependency's `DependentsRecord` by
+   compare-and-set, which says who needs it where;
+5. publish, in one batch, dependencies first (Namespace first), then the object's
+   own works, then removals (``manifest: None``): the object's own on clusters that
+   left the decision, and each dependency's on clusters where nobody needs it now;
+6. write the record (compare-and-set; a lost race reconciles again).
+
+Publishing before recording keeps a crash harmless: the redelivered event renders
+the same works again (deterministic event ids, deduplicated by JetStream).
+A dependency removal races a dependent arriving on the same cluster through
+another object (another key, maybe another replica): after publishing a removal,
+the dependents record is read again and, if someone needs the dependency there
+by now, its work is published once more, after the removal.
+
+Decisions where the brief is silent:
+
+* A decision that kept the object off clusters because they do not serve its type
+  (its ``rejections``, checked against the clusters' reported ``apiResources``)
+  gets one ``IncompatibleCluster`` Warning naming them; the scheduler's
+  ``api-resources`` filter is what keeps the object off.
+* Clusters are read from the hub (not followed from ``ClusterObserved``): a
+  decision naming a cluster the cache does not know reads them again at once.
+  A changed Cluster label or Transformation takes effect at each object's next
+  render (its next analysis or decision), not by itself.
+* A dependency's work carries the decision id of the render that sent it; the
+  hub generation annotation is the dependency's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.dynamic import DynamicClient
+from pydantic import Field, ValidationError
+
+from flotilla.common import api, events, kube
+from flotilla.common.api import GroupVersionKind, Strategy
+from flotilla.common.bus import Bus
+from flotilla.common.config import Settings
+from flotilla.common.dispatch import EventBus, Received
+from flotilla.common.errors import ConfigError, FlotillaError, InvalidObject
+from flotilla.common.events import (
+    ConfigChanged,
+    Envelope,
+    ObjectRef,
+    PlacementDecided,
+    ResourceAnalyzed,
+    WorkRendered,
+)
+from flotilla.common.middleware import Reporter
+from flotilla.common.router import Router
+from flotilla.common.service import Runtime
+from flotilla.common.store import Conflict, Store
+from flotilla.transformer import rendering, transformations
+from flotilla.transformer.records import DependentsRecord, ObjectRecord
+from flotilla.transformer.rendering import Rendered, needed_clusters
+from flotilla.transformer.steps import ClusterFacts
+from flotilla.transformer.transformations import Catalog
+
+log = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+
+SERVICE = "transformer"
+COMPONENT = "flotilla-transformer"
+HUB_CACHE_TTL = 2.0
+"""Seconds the Clusters and transformations read from the hub are reused."""
+MAX_ATTEMPTS = 8
+"""Reconciliations of one event after lost compare-and-sets before it is retried later."""
+TRANSFORMATION_KINDS = frozenset(
+    {transformations.TRANSFORMATION, transformations.CLUSTER_TRANSFORMATION}
+)
+
+
+class TransformerSettings(Settings):
+    """The transformer's own settings on top of the common ones."""
+
+    hub_cache_ttl: float = Field(
+        default=HUB_CACHE_TTL,
+        ge=0,
+        description="seconds Clusters and transformations read from the hub are reused",
+    )
+
+
+class Hub(Protocol):
+    """What the transformer reads from the hub (`KubeHub`; a fake in unit tests)."""
+
+    async def clusters(self, *, fresh: bool = False) -> dict[str, ClusterFacts]:
+        """The hub's Clusters; `fresh` reads them now rather than from the cache."""
+        ...
+
+    async def transformations(self) -> Catalog: ...
+
+    async def get(self, ref: ObjectRef) -> JsonObject | None: ...
+
+    def forget(self) -> None:
+        """Drop cached transformations (one changed)."""
+
+
+class _Cached:
+    def __init__(self, ttl: float, load: Callable[[], Awaitable[Any]]) -> None:
+        self.ttl = ttl
+        self.load = load
+        self.value: Any = None
+        self.at = -1.0
+        self.lock = asyncio.Lock()
+
+    async def get(self) -> Any:
+        async with self.lock:
+            if self.at < 0 or time.monotonic() - self.at > self.ttl:
+                self.value = await self.load()
+                self.at = time.monotonic()
+            return self.value
+
+    def forget(self) -> None:
+        self.at = -1.0
+
+
+class KubeHub:
+    """`Hub` over the hub's API server."""
+
+    def __init__(self, dyn: DynamicClient, ttl: float = HUB_CACHE_TTL) -> None:
+        self.dyn = dyn
+        self._clusters = _Cached(ttl, self._list_clusters)
+        self._transformations = _Cached(ttl, self._list_transformations)
+
+    async def clusters(self, *, fresh: bool = False) -> dict[str, ClusterFacts]:
+        if fresh:
+            self._clusters.forget()
+        found: dict[str, ClusterFacts] = await self._clusters.get()
+        return found
+
+    async def transformations(self) -> Catalog:
+        found: Catalog = await self._transformations.get()
+        return found
+
+    def forget(self) -> None:
+        self._transformations.forget()
+
+    async def _list(self, kind: str) -> list[JsonObject]:
+        resource = await kube.resource_for(self.dyn, api.API_VERSION, kind)
+        try:
+            listed = kube.checked(await self.dyn.get(resource))
+        except Exception as exc:
+            raise kube.translate(exc) from exc
+        items: list[JsonObject] = listed.get("items") or []
+        return items
+
+    async def _list_clusters(self) -> dict[str, ClusterFacts]:
+        found = {}
+        for item in await self._list("Cluster"):
+            name = str((item.get("metadata") or {}).get("name"))
+            found[name] = cluster_facts(item)
+        return found
+
+    async def _list_transformations(self) -> Catalog:
+        catalog: dict[tuple[str, str | None, str], api.TransformationSpec] = {}
+        models: tuple[type[api.Transformation] | type[api.ClusterTransformation], ...] = (
+            api.Transformation,
+            api.ClusterTransformation,
+        )
+        for model in models:
+            kind = model.model_fields["kind"].default
+            for item in await self._list(kind):
+                item.setdefault("apiVersion", api.API_VERSION)
+                item.setdefault("kind", kind)
+                try:
+                    parsed = api.parse_as(model, item)
+                except api.InvalidObjectError as exc:
+                    log.warning("skipping %s: %s", kind, exc)
+                    continue
+                namespace = parsed.metadata.namespace or None
+                catalog[(kind, namespace, parsed.metadata.name)] = parsed.spec
+        return catalog
+
+    async def get(self, ref: ObjectRef) -> JsonObject | None:
+        try:
+            resource = await kube.resource_for(self.dyn, ref.api_version, ref.kind)
+        except InvalidObject:
+            return None
+        try:
+            return kube.checked(
+                await self.dyn.get(
+                    resource,
+                    name=ref.name,
+                    namespace=ref.namespace if resource.namespaced else None,
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise kube.translate(exc) from exc
+        except Exception as exc:
+            raise kube.translate(exc) from exc
+
+
+def cluster_facts(obj: Mapping[str, Any]) -> ClusterFacts:
+    """What rendering needs of a hub `Cluster` object (read leniently: a Cluster
+    the scheduler placed on is rendered for even if its status is odd)."""
+    metadata = obj.get("metadata") or {}
+    raw_labels = metadata.get("labels") or {}
+    status = obj.get("status") or {}
+    served = set()
+    for resource in status.get("apiResources") or []:
+        try:
+            served.add(api.ApiResource.model_validate(resource).gvk)
+        except ValidationError:
+            continue
+    return ClusterFacts(
+        name=str(metadata.get("name")),
+        labels={str(k): str(v) for k, v in raw_labels.items()},
+        api_resources=frozenset(served),
+    )
+
+
+@dataclass
+class _Outgoing:
+    """What one reconciliation publishes, in order."""
+
+    dependencies: list[Envelope]
+    own: list[Envelope]
+    removals: list[Envelope]
+    dependency_removals: list[tuple[ObjectRef, str, int]]
+    """(dependency, cluster, dependents revision) of each dependency removal."""
+
+    def batch(self) -> list[Envelope]:
+        return [*self.dependencies, *self.own, *self.removals]
+
+
+class Transformer:
+    """One replica's handlers and the state they share."""
+
+    def __init__(
+        self,
+        *,
+        bus: EventBus,
+        hub: Hub,
+        objects: Store[ObjectRecord],
+        dependents: Store[DependentsRecord],
+        reporter: Reporter | None = None,
+    ) -> None:
+        self.bus = bus
+        self.hub = hub
+        self.objects = objects
+        self.dependents = dependents
+        self.reporter = reporter
+
+    def router(self) -> Router:
+        router = Router(SERVICE)
+        router.on(ResourceAnalyzed)(self.on_resource_analyzed)
+        router.on(PlacementDecided)(self.on_placement_decided)
+        router.on(ConfigChanged)(self.on_config_changed)
+        return router
+
+    async def on_config_changed(self, event: Received[ConfigChanged]) -> None:
+        if event.payload.ref.kind in TRANSFORMATION_KINDS:
+            self.hub.forget()
+
+    async def on_resource_analyzed(self, event: Received[ResourceAnalyzed]) -> None:
+        analyzed, envelope = event.payload, event.envelope
+
+        def update(record: ObjectRecord) -> ObjectRecord | None:
+            same_object = not record.uid or not envelope.uid or record.uid == envelope.uid
+            if same_object and envelope.revision < record.analyzed_revision:
+                return None  # an older analysis than one already taken in
+            return record.model_copy(
+                update={
+                    "uid": envelope.uid or record.uid,
+                    "analyzed": None if analyzed.deleted else analyzed,
+                    "analyzed_revision": envelope.revision,
+                }
+            )
+
+        await self.reconcile(analyzed.ref, envelope.key, update)
+        if analyzed.strategy is Strategy.AS_NEEDED:
+            await self._refresh_dependency(analyzed, envelope)
+
+    async def on_placement_decided(self, event: Received[PlacementDecided]) -> None:
+        decision = event.payload
+
+        def update(record: ObjectRecord) -> ObjectRecord | None:
+            return record.model_copy(update={"decision": None if decision.deleted else decision})
+
+        await self.reconcile(decision.ref, event.envelope.key, update)
+        if decision.rejections and not decision.deleted:
+            await self._report_incompatible(decision, event.envelope.key)
+
+    async def _report_incompatible(self, decision: PlacementDecided, key: str) -> None:
+        """A Warning naming the clusters the object was kept off because they do not
+        serve its type (the scheduler's ``api-resources`` filter)."""
+        gvk = GroupVersionKind.from_api_version(decision.ref.api_version, decision.ref.kind)
+        lacking = rendering.incompatible(gvk, await self.hub.clusters(), decision.rejections)
+        entry = await self.objects.get(key)
+        if not lacking or entry is None or entry.value.analyzed is None:
+            return
+        await self._warn(
+            entry.value.analyzed.object,
+            "IncompatibleCluster",
+            f"not placed on cluster{'s' if len(lacking) > 1 else ''} {', '.join(lacking)}: "
+            f"{'they do' if len(lacking) > 1 else 'it does'} not serve {gvk}",
+        )
+
+    async def _refresh_dependency(self, analyzed: ResourceAnalyzed, envelope: Envelope) -> None:
+        """An ``as-needed`` object a policy selects changed: its works on the clusters
+        where objects need it carry the new content now (removed if it was deleted),
+        rather than waiting for one of those objects to be rendered again."""
+        entry = await self.dependents.get(analyzed.ref.key)
+        if entry is None:
+            return
+        own = await self.objects.get(envelope.key)
+        decision = own.value.decision if own else None
+        decision_id = decision.decision_id if decision else ""
+        clusters = await self.hub.clusters()
+        batch: list[Envelope] = []
+        for cluster, dependents in sorted(entry.value.clusters.items()):
+            if analyzed.deleted:
+                batch.append(
+                    self._removal(
+                        analyzed.ref,
+                        cluster,
+                        decision_id,
+                        envelope.uid,
+                        dedupe=("source-deleted", envelope.revision),
+                    )
+                )
+                continue
+            work = self._dependency_work(
+                analyzed.object,
+                rendering.facts(clusters, cluster),
+                decision_id,
+                dependents,
+                entry.revision,
+                dedupe=("source", envelope.revision),
+            )
+            if work is not None:
+                batch.append(work)
+        if batch:
+            await self.bus.publish_batch(batch)
+
+    # -- one reconciliation -------------------------------------------------------------
+
+    async def reconcile(
+        self, ref: ObjectRef, key: str, update: Callable[[ObjectRecord], ObjectRecord | None]
+    ) -> None:
+        for _ in range(MAX_ATTEMPTS):
+            entry = await self.objects.get(key)
+            current = entry.value if entry else ObjectRecord(ref=ref)
+            record = update(current)
+            if record is None:
+                return
+            try:
+                await self._reconcile(key, record, entry.revision if entry else 0)
+                return
+            except Conflict:
+                continue
+        raise Conflict(f"{key}: the transformer's record kept changing")
+
+    async def _reconcile(self, key: str, record: ObjectRecord, revision: int) -> None:
+        wanted: dict[str, list[ObjectRef]] = {}
+        outgoing = _Outgoing([], [], [], [])
+        dependency_objects: dict[str, JsonObject] = {}
+        if record.renderable:
+            analyzed, decision = record.analyzed, record.decision
+            assert analyzed is not None and decision is not None
+            clusters = await self.hub.clusters()
+            if needed_clusters(decision) - clusters.keys():
+                # A cluster registered since the cache was read: its labels decide
+                # transformations and defaults, so read them rather than guess.
+                clusters = await self.hub.clusters(fresh=True)
+            dependency_objects = await self._dependencies(analyzed)
+            chosen = await self._transformations(analyzed, decision)
+            rendered, failed = rendering.render_placement(analyzed, decision, clusters, chosen)
+            for failure in failed:
+                await self._warn(analyzed.object, failure.reason, failure.message)
+            needed = [ObjectRef.of(obj) for obj in dependency_objects.values()]
+            for placement in decision.clusters:
+                wanted[placement.cluster] = needed
+            for failure in failed:
+                # A cluster that never had the work gets none; one that has it keeps
+                # what it has until a render succeeds or the object leaves it.
+                if failure.cluster not in record.works:
+                    wanted.pop(failure.cluster, None)
+            outgoing.own = [
+                self._work(work, decision.decision_id, analyzed.object, record.analyzed_revision)
+                for work in rendered
+            ]
+        await self._move_dependents(record, wanted, dependency_objects, outgoing)
+        decision_id = record.decision.decision_id if record.decision else ""
+        for cluster in sorted(set(record.works) - set(wanted)):
+            outgoing.removals.append(
+                self._removal(
+                    record.ref, cluster, decision_id, record.uid, (record.analyzed_revision,)
+                )
+            )
+        batch = outgoing.batch()
+        if batch:
+            await self.bus.publish_batch(batch)
+        await self._recheck(outgoing.dependency_removals, dependency_objects, decision_id)
+        final = record.model_copy(update={"works": wanted})
+        if not wanted and record.analyzed is None and record.decision is None:
+            if revision:
+                await self.objects.delete(key, revision)
+            return
+        await self.objects.write(key, final, revision)
+
+    async def _dependencies(self, analyzed: ResourceAnalyzed) -> dict[str, JsonObject]:
+        """The object's ``as-needed`` dependencies as the hub has them now, by key."""
+        found: dict[str, JsonObject] = {}
+        refs = [
+            ObjectRef(
+                api_version=dependency.api_version,
+                kind=dependency.kind,
+                name=dependency.name,
+                namespace=dependency.namespace,
+            )
+            for dependency in analyzed.dependencies
+        ]
+        if analyzed.ref.namespace:
+            # Every namespaced object needs its Namespace; analyses leave it implicit.
+            refs.append(ObjectRef(api_version="v1", kind="Namespace", name=analyzed.ref.namespace))
+        for ref in refs:
+            obj = await self.hub.get(ref)
+            if obj is None or not rendering.is_as_needed(obj):
+                continue
+            obj.setdefault("apiVersion", ref.api_version)
+            obj.setdefault("kind", ref.kind)
+            found[ObjectRef.of(obj).key] = obj
+        return dict(sorted(found.items()))
+
+    async def _transformations(
+        self, analyzed: ResourceAnalyzed, decision: PlacementDecided
+    ) -> tuple[transformations.NamedTransformation, ...]:
+        wanted = transformations.names(analyzed.object, analyzed.policy_spec)
+        if not wanted:
+            return ()
+        chosen, missing = transformations.resolve(
+            wanted, analyzed.ref.namespace, await self.hub.transformations()
+        )
+        if missing:
+            await self._warn(
+                analyzed.object,
+                "TransformationNotFound",
+                f"names transformations that do not exist: {', '.join(missing)}; "
+                "the others are applied",
+            )
+        return chosen
+
+    async def _move_dependents(
+        self,
+        record: ObjectRecord,
+        wanted: Mapping[str, Sequence[ObjectRef]],
+        objects: Mapping[str, JsonObject],
+        outgoing: _Outgoing,
+    ) -> None:
+        """Update every dependency this object needs or needed; render what is needed."""
+        held: dict[str, ObjectRef] = {}
+        for refs in (*record.works.values(), *wanted.values()):
+            held.update((ref.key, ref) for ref in refs)
+        decision_id = record.decision.decision_id if record.decision else ""
+        for dep_key in sorted(held, key=lambda k: rendering.install_rank(held[k])):
+            dependency = held[dep_key]
+            needed_on = {c for c, refs in wanted.items() if any(r.key == dep_key for r in refs)}
+            before = {c for c, refs in record.works.items() if any(r.key == dep_key for r in refs)}
+            after, revision = await self._dependents_update(dependency, record.ref, needed_on)
+            # Where others still need it, its work names who needs it now.
+            still = {c for c in before - needed_on if c in after}
+            obj = objects.get(dep_key)
+            if obj is None and still:
+                obj = await self.hub.get(dependency)
+            if obj is not None:
+                clusters = await self.hub.clusters()
+                for cluster in sorted(needed_on | still):
+                    work = self._dependency_work(
+                        obj,
+                        rendering.facts(clusters, cluster),
+                        decision_id,
+                        after[cluster],
+                        revision,
+                    )
+                    if work is not None:
+                        outgoing.dependencies.append(work)
+            for cluster in sorted(before - needed_on):
+                if cluster not in after:
+                    outgoing.removals.append(
+                        self._removal(dependency, cluster, decision_id, "", dedupe=(revision,))
+                    )
+                    outgoing.dependency_removals.append((dependency, cluster, revision))
+
+    async def _dependents_update(
+        self, dependency: ObjectRef, dependent: ObjectRef, needed_on: set[str]
+    ) -> tuple[dict[str, list[ObjectRef]], int]:
+        for _ in range(MAX_ATTEMPTS):
+            entry = await self.dependents.get(dependency.key)
+            current = entry.value.clusters if entry else {}
+            after = rendering.dependents_after(current, dependent, needed_on)
+            if after == current and entry is not None:
+                return after, entry.revision
+            try:
+                if not after:
+                    if entry is None:
+                        return after, 0
+                    revision = await self.dependents.delete(dependency.key, entry.revision)
+                else:
+                    revision = await self.dependents.write(
+                        dependency.key,
+                        DependentsRecord(ref=dependency, clusters=after),
+                        entry.revision if entry else 0,
+                    )
+            except Conflict:
+                continue
+            return after, revision
+        raise Conflict(f"{dependency.key}: its dependents kept changing")
+
+    async def _recheck(
+        self,
+        removed: Sequence[tuple[ObjectRef, str, int]],
+        objects: Mapping[str, JsonObject],
+        decision_id: str,
+    ) -> None:
+        """Re-publish a removed dependency that another object needs there by now."""
+        again: list[Envelope] = []
+        for dependency, cluster, removed_at in removed:
+            entry = await self.dependents.get(dependency.key)
+            if entry is None or cluster not in entry.value.clusters:
+                continue
+            obj = objects.get(dependency.key) or await self.hub.get(dependency)
+            if obj is None:
+                continue
+            clusters = await self.hub.clusters()
+            work = self._dependency_work(
+                obj,
+                rendering.facts(clusters, cluster),
+                decision_id,
+                entry.value.clusters[cluster],
+                entry.revision,
+                dedupe=("after-removal", removed_at),
+            )
+            if work is not None:
+                again.append(work)
+        if again:
+            await self.bus.publish_batch(again)
+
+    # -- events -----------------------------------------------------------------------
+
+    def _work(
+        self, work: Rendered, decision_id: str, source: Mapping[str, Any], revision: int
+    ) -> Envelope:
+        """An own work; its id changes with the decision, the analysis and the manifest,
+        so going back to an earlier manifest is a new event, not a duplicate."""
+        metadata = source.get("metadata") or {}
+        return events.envelope(
+            WorkRendered(
+                ref=work.ref,
+                cluster=work.cluster,
+                decision_id=decision_id,
+                manifest=work.manifest,
+                state=work.state,
+            ),
+            key=events.work_key(work.ref, work.cluster),
+            producer=self.bus.producer,
+            uid=str(metadata.get("uid") or ""),
+            generation=rendering.hub_generation(source) or 0,
+            revision=revision,
+            dedupe=(decision_id, work.state.value, work.digest),
+        )
+
+    def _dependency_work(
+        self,
+        obj: JsonObject,
+        cluster: ClusterFacts,
+        decision_id: str,
+        dependents: Sequence[ObjectRef],
+        revision: int,
+        dedupe: tuple[object, ...] = (),
+    ) -> Envelope | None:
+        try:
+            manifest = rendering.render_dependency(obj, cluster, decision_id)
+        except transformations.RenderError as exc:
+            log.warning("dependency %s not rendered: %s", ObjectRef.of(obj).key, exc)
+            return None
+        ref = ObjectRef.of(obj)
+        return events.envelope(
+            WorkRendered(
+                ref=ref,
+                cluster=cluster.name,
+                decision_id=decision_id,
+                manifest=manifest,
+                dependency_of=list(dependents),
+            ),
+            key=events.work_key(ref, cluster.name),
+            producer=self.bus.producer,
+            uid=str((obj.get("metadata") or {}).get("uid") or ""),
+            generation=rendering.hub_generation(obj) or 0,
+            dedupe=(
+                rendering.digest(manifest),
+                revision,
+                *(d.key for d in dependents),
+                *dedupe,
+            ),
+        )
+
+    def _removal(
+        self,
+        ref: ObjectRef,
+        cluster: str,
+        decision_id: str,
+        uid: str,
+        dedupe: tuple[object, ...] = (),
+    ) -> Envelope:
+        return events.envelope(
+            WorkRendered(ref=ref, cluster=cluster, decision_id=decision_id, manifest=None),
+            key=events.work_key(ref, cluster),
+            producer=self.bus.producer,
+            uid=uid,
+            dedupe=("removed", decision_id, *dedupe),
+        )
+
+    async def _warn(self, obj: Mapping[str, Any], reason: str, message: str) -> None:
+        log.warning("%s: %s", reason, message)
+        if self.reporter is not None:
+            with contextlib.suppress(FlotillaError):
+                await self.reporter.warning(dict(obj), reason, message)
+
+
+async def setup(rt: Runtime) -> Transformer:
+    """Compose one replica: the hub client, the buckets, the handlers."""
+    settings = rt.settings_as(TransformerSettings)
+    if not isinstance(rt.bus, Bus):
+        raise ConfigError("the transformer keeps its records in JetStream KV")
+    if settings.hub_kubeconfig is None:
+        raise ConfigError(
+            "the transformer reads dependencies from the hub: set FLOTILLA_HUB_KUBECONFIG"
+        )
+    hub_api = await kube.hub_client(settings)
+    rt.on_close(hub_api.close)
+    dyn = await DynamicClient(hub_api)
+    reporter = kube.EventRecorder(hub_api, COMPONENT)
+    transformer = Transformer(
+        bus=rt.bus,
+        hub=KubeHub(dyn, settings.hub_cache_ttl),
+        objects=await rt.bus.store(rt.bus.topology.bucket("transformer-objects"), ObjectRecord),
+        dependents=await rt.bus.store(
+            rt.bus.topology.bucket("transformer-dependents"), DependentsRecord
+        ),
+        reporter=reporter,
+    )
+    rt.serve(transformer.router(), reporter=reporter)
+    return transformer

@@ -1,0 +1,471 @@
+"""The transformer's handlers on the in-memory bus and store, with a fake hub."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from flotilla.common import events
+from flotilla.common.api import PlacementState, Strategy, TransformationSpec
+from flotilla.common.builders import container, manifest, pod_spec, template
+from flotilla.common.dispatch import Received
+from flotilla.common.events import (
+    ClusterPlacement,
+    Dependency,
+    ObjectRef,
+    PlacementDecided,
+    ResourceAnalyzed,
+    WorkRendered,
+)
+from flotilla.common.interpreters import Registry
+from flotilla.common.membus import MemoryBus
+from flotilla.common.store import MemoryBucket, Store
+from flotilla.transformer import service
+from flotilla.transformer.records import DependentsRecord, ObjectRecord
+from flotilla.transformer.steps import ClusterFacts
+from flotilla.transformer.transformations import Catalog
+
+REGISTRY = Registry.with_builtins()
+NS = "shop"
+
+
+class FakeHub:
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.cluster_facts: dict[str, ClusterFacts] = {}
+        self.catalog: dict[tuple[str, str | None, str], TransformationSpec] = {}
+        self.forgotten = 0
+        self.fresh_reads = 0
+
+    def add(self, obj: dict[str, Any]) -> None:
+        self.objects[ObjectRef.of(obj).key] = obj
+
+    async def clusters(self, *, fresh: bool = False) -> dict[str, ClusterFacts]:
+        self.fresh_reads += fresh
+        return self.cluster_facts
+
+    async def transformations(self) -> Catalog:
+        return self.catalog
+
+    async def get(self, ref: ObjectRef) -> dict[str, Any] | None:
+        found = self.objects.get(ref.key)
+        return copy.deepcopy(found) if found is not None else None
+
+    def forget(self) -> None:
+        self.forgotten += 1
+
+
+class Reporter:
+    def __init__(self) -> None:
+        self.warnings: list[tuple[str, str, str]] = []
+
+    async def warning(self, obj: dict[str, Any], reason: str, message: str) -> None:
+        self.warnings.append((obj["metadata"]["name"], reason, message))
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.bus = MemoryBus()
+        self.hub = FakeHub()
+        self.reporter = Reporter()
+        self.objects = Store(MemoryBucket(), ObjectRecord)
+        self.dependents = Store(MemoryBucket(), DependentsRecord)
+        self.transformer = service.Transformer(
+            bus=self.bus,
+            hub=self.hub,
+            objects=self.objects,
+            dependents=self.dependents,
+            reporter=self.reporter,
+        )
+        self.revision = 0
+
+    async def analyze(
+        self,
+        obj: dict[str, Any],
+        *deps: ObjectRef,
+        deleted: bool = False,
+        strategy: Strategy = Strategy.SPLIT,
+    ) -> None:
+        self.revision += 1
+        payload = ResourceAnalyzed(
+            ref=ObjectRef.of(obj),
+            object=obj,
+            deleted=deleted,
+            strategy=strategy,
+            replicas=(obj.get("spec") or {}).get("replicas"),
+            dependencies=[
+                Dependency(
+                    api_version=d.api_version, kind=d.kind, name=d.name, namespace=d.namespace
+                )
+                for d in deps
+            ],
+            interpreter=REGISTRY.for_object(obj).spec,
+        )
+        envelope = events.envelope(
+            payload,
+            key=payload.ref.key,
+            producer="test",
+            uid=obj["metadata"].get("uid", ""),
+            revision=self.revision,
+        )
+        await self.transformer.on_resource_analyzed(Received.of(envelope))
+
+    async def decide(
+        self,
+        obj: dict[str, Any],
+        placements: dict[str, int],
+        *,
+        decision: str = "d-1",
+        deleted: bool = False,
+        retiring: tuple[str, ...] = (),
+        rejections: dict[str, list[str]] | None = None,
+    ) -> None:
+        payload = PlacementDecided(
+            ref=ObjectRef.of(obj),
+            decision_id=decision,
+            clusters=[
+                ClusterPlacement(
+                    cluster=c,
+                    replicas=r,
+                    state=PlacementState.RETIRING if c in retiring else PlacementState.ACTIVE,
+                )
+                for c, r in sorted(placements.items())
+            ],
+            deleted=deleted,
+            rejections=rejections or {},
+        )
+        envelope = events.envelope(
+            payload, key=payload.ref.key, producer="test", dedupe=(decision,)
+        )
+        await self.transformer.on_placement_decided(Received.of(envelope))
+
+    async def works(self) -> list[WorkRendered]:
+        found = []
+        async for replayed in self.bus.replay(event_types=["WorkRendered"]):
+            assert isinstance(replayed.envelope.payload, WorkRendered)
+            assert replayed.envelope.key == events.work_key(
+                replayed.envelope.payload.ref, replayed.envelope.payload.cluster
+            )
+            found.append(replayed.envelope.payload)
+        return found
+
+    async def current(self) -> dict[tuple[str, str], WorkRendered]:
+        """The last work per (object, cluster): what the syncer converges to."""
+        last: dict[tuple[str, str], WorkRendered] = {}
+        for work in await self.works():
+            last[(work.ref.key, work.cluster)] = work
+        return last
+
+    async def present(self) -> dict[tuple[str, str], WorkRendered]:
+        return {k: w for k, w in (await self.current()).items() if w.manifest is not None}
+
+
+def deployment(name: str = "web", replicas: int = 9, image: str = "app:1") -> dict[str, Any]:
+    app = container("app")
+    app["image"] = image
+    obj = manifest(
+        "apps/v1",
+        "Deployment",
+        {"replicas": replicas, "template": template(pod_spec(app, serviceAccountName="runner"))},
+        name=name,
+    )
+    obj["metadata"].update({"uid": f"uid-{name}", "generation": 1})
+    return obj
+
+
+CONFIG = manifest("v1", "ConfigMap", name="settings", data={"mode": "prod"})
+ACCOUNT = manifest("v1", "ServiceAccount", name="runner")
+CONFIG_REF, ACCOUNT_REF = ObjectRef.of(CONFIG), ObjectRef.of(ACCOUNT)
+WEB = ObjectRef.of(deployment())
+
+
+@pytest.fixture
+def harness() -> Harness:
+    h = Harness()
+    h.hub.add(CONFIG)
+    h.hub.add(ACCOUNT)
+    return h
+
+
+async def test_split_deployment_gets_its_share_and_its_dependencies_on_each_cluster(
+    harness: Harness,
+) -> None:
+    obj = deployment()
+    await harness.analyze(obj, CONFIG_REF, ACCOUNT_REF)
+    assert await harness.works() == []  # no decision yet: nothing to render
+    await harness.decide(obj, {"a": 3, "b": 3, "c": 3})
+
+    works = await harness.works()
+    assert [(w.ref.kind, w.cluster) for w in works] == [
+        ("ServiceAccount", "a"),
+        ("ServiceAccount", "b"),
+        ("ServiceAccount", "c"),
+        ("ConfigMap", "a"),
+        ("ConfigMap", "b"),
+        ("ConfigMap", "c"),
+        ("Deployment", "a"),
+        ("Deployment", "b"),
+        ("Deployment", "c"),
+    ]
+    for work in works:
+        assert work.manifest is not None and work.decision_id == "d-1"
+        if work.ref.kind == "Deployment":
+            assert work.manifest["spec"]["replicas"] == 3
+            assert work.dependency_of == []
+        else:
+            assert work.dependency_of == [WEB]
+
+
+async def test_a_cluster_leaving_removes_the_object_and_its_dependencies_there(
+    harness: Harness,
+) -> None:
+    obj = deployment()
+    await harness.analyze(obj, CONFIG_REF, ACCOUNT_REF)
+    await harness.decide(obj, {"a": 3, "b": 3, "c": 3})
+    await harness.decide(obj, {"a": 5, "b": 4}, decision="d-2")
+
+    present = await harness.present()
+    assert sorted(present) == sorted(
+        (ref.key, cluster) for ref in (WEB, CONFIG_REF, ACCOUNT_REF) for cluster in ("a", "b")
+    )
+    assert present[(WEB.key, "a")].manifest["spec"]["replicas"] == 5  # type: ignore[index]
+    removed = [w for w in (await harness.current()).values() if w.manifest is None]
+    assert sorted((w.ref.kind, w.cluster) for w in removed) == [
+        ("ConfigMap", "c"),
+        ("Deployment", "c"),
+        ("ServiceAccount", "c"),
+    ]
+
+
+async def test_a_shared_dependency_stays_until_its_last_dependent_leaves(harness: Harness) -> None:
+    web, api = deployment("web", 3), deployment("api", 3)
+    for obj in (web, api):
+        await harness.analyze(obj, CONFIG_REF)
+        await harness.decide(obj, {"a": 3})
+    assert (await harness.present())[(CONFIG_REF.key, "a")].dependency_of == [
+        ObjectRef.of(api),
+        ObjectRef.of(web),
+    ]
+
+    await harness.analyze(web, CONFIG_REF, deleted=True)
+    present = await harness.present()
+    assert (WEB.key, "a") not in present
+    assert present[(CONFIG_REF.key, "a")].dependency_of == [ObjectRef.of(api)]
+
+    await harness.decide(api, {}, decision="d-2", deleted=True)
+    assert await harness.present() == {}
+    assert await harness.dependents.get(CONFIG_REF.key) is None
+
+
+async def test_deleting_the_object_removes_every_work_and_its_record(harness: Harness) -> None:
+    obj = deployment()
+    await harness.analyze(obj, CONFIG_REF, ACCOUNT_REF)
+    await harness.decide(obj, {"a": 3, "b": 3, "c": 3})
+    await harness.decide(obj, {}, decision="d-2", deleted=True)
+    assert await harness.present() == {}
+    assert len(await harness.current()) == 9
+    # The analysis is kept until it says deleted too (a re-created object's new
+    # analysis may arrive before the old object's deleted decision).
+    assert await harness.objects.get(WEB.key) is not None
+    await harness.analyze(obj, deleted=True)
+    assert await harness.objects.get(WEB.key) is None
+    assert len(await harness.current()) == 9
+
+
+async def test_retiring_cluster_keeps_its_manifest(harness: Harness) -> None:
+    obj = deployment()
+    await harness.analyze(obj, CONFIG_REF)
+    await harness.decide(obj, {"a": 3, "b": 6}, retiring=("b",))
+    present = await harness.present()
+    assert present[(WEB.key, "b")].state is PlacementState.RETIRING
+    assert present[(WEB.key, "a")].state is PlacementState.ACTIVE
+    assert (CONFIG_REF.key, "b") in present
+
+
+async def test_a_new_analysis_re_renders_without_a_new_decision(harness: Harness) -> None:
+    obj = deployment()
+    await harness.analyze(obj)
+    await harness.decide(obj, {"a": 9})
+    await harness.analyze(deployment(image="app:2"))
+    manifest_now = (await harness.present())[(WEB.key, "a")].manifest
+    assert manifest_now is not None
+    assert manifest_now["spec"]["template"]["spec"]["containers"][0]["image"] == "app:2"
+
+
+async def test_handling_an_event_again_publishes_nothing_new(harness: Harness) -> None:
+    obj = deployment()
+    await harness.analyze(obj, CONFIG_REF)
+    await harness.decide(obj, {"a": 4, "b": 5})
+    before = len(await harness.works())
+    await harness.decide(obj, {"a": 4, "b": 5})
+    assert len(await harness.works()) == before
+
+
+async def test_a_stale_analysis_is_ignored(harness: Harness) -> None:
+    obj = deployment()
+    await harness.analyze(deployment(image="app:2"))
+    harness.revision = -1  # the next analysis is older than the one taken in
+    await harness.analyze(obj)
+    entry = await harness.objects.get(WEB.key)
+    assert entry is not None and entry.value.analyzed is not None
+    assert (
+        entry.value.analyzed.object["spec"]["template"]["spec"]["containers"][0]["image"] == "app:2"
+    )
+
+
+async def test_a_failed_transformation_fails_its_cluster_only_with_a_warning(
+    harness: Harness,
+) -> None:
+    harness.hub.catalog[("ClusterTransformation", None, "mirror")] = (
+        TransformationSpec.model_validate(
+            {
+                "transformations": [
+                    {
+                        "targetClusters": ["b"],
+                        "patchType": "json",
+                        "patch": [{"op": "test", "path": "/spec/replicas", "value": 1}],
+                    },
+                    {
+                        "targetSelector": {"matchLabels": {"mirror": "eu"}},
+                        "patchType": "merge",
+                        "patch": {"metadata": {"labels": {"mirrored": "yes"}}},
+                    },
+                ]
+            }
+        )
+    )
+    harness.hub.cluster_facts["a"] = ClusterFacts("a", {"mirror": "eu"})
+    obj = deployment()
+    obj["metadata"]["annotations"] = {"flotilla.io/transformations": "mirror, nonexistent"}
+    await harness.analyze(obj)
+    await harness.decide(obj, {"a": 4, "b": 5})
+    present = await harness.present()
+    assert sorted(present) == [(WEB.key, "a")]
+    assert present[(WEB.key, "a")].manifest["metadata"]["labels"]["mirrored"] == "yes"  # type: ignore[index]
+    reasons = {reason: message for _, reason, message in harness.reporter.warnings}
+    assert "nonexistent" in reasons["TransformationNotFound"]
+    assert "ClusterTransformation mirror" in reasons["TransformationFailed"]
+    assert "cluster b" in reasons["TransformationFailed"]
+
+
+async def test_a_cluster_without_the_type_gets_no_work_and_a_warning(harness: Harness) -> None:
+    from flotilla.common.api import GroupVersionKind
+
+    harness.hub.cluster_facts["old"] = ClusterFacts(
+        "old", api_resources=frozenset({GroupVersionKind("", "v1", "Pod")})
+    )
+    obj = deployment()
+    await harness.analyze(obj)
+    await harness.decide(obj, {"old": 4, "new": 5})
+    assert sorted(await harness.present()) == [(WEB.key, "new")]
+    assert [(r, "cluster old" in m) for _, r, m in harness.reporter.warnings] == [
+        ("IncompatibleCluster", True)
+    ]
+
+
+async def test_config_changes_of_transformations_forget_the_cache(harness: Harness) -> None:
+    change = events.ConfigChanged(
+        ref=ObjectRef(api_version="flotilla.io/v1alpha1", kind="ClusterTransformation", name="m"),
+        object={},
+    )
+    envelope = events.envelope(change, key=change.ref.key, producer="test")
+    await harness.transformer.on_config_changed(Received.of(envelope))
+    assert harness.hub.forgotten == 1
+
+
+async def test_a_dependency_removed_while_another_object_takes_it_is_published_again(
+    harness: Harness,
+) -> None:
+    """The re-check after a removal: someone needs the dependency there by now."""
+    web = deployment("web", 3)
+    await harness.analyze(web, CONFIG_REF)
+    await harness.decide(web, {"a": 3})
+    # Another replica added "api" as a dependent between this one's update and its publish.
+    original = harness.transformer._dependents_update
+    api = ObjectRef.of(deployment("api"))
+
+    async def racing(dependency: ObjectRef, dependent: ObjectRef, needed_on: set[str]) -> Any:
+        result = await original(dependency, dependent, needed_on)
+        entry = await harness.dependents.get(dependency.key)
+        await harness.dependents.write(
+            dependency.key,
+            DependentsRecord(ref=dependency, clusters={"a": [api]}),
+            entry.revision if entry else 0,
+        )
+        return result
+
+    harness.transformer._dependents_update = racing  # type: ignore[method-assign]
+    await harness.decide(web, {}, decision="d-2", deleted=True)
+    last = (await harness.current())[(CONFIG_REF.key, "a")]
+    assert last.manifest is not None and last.dependency_of == [api]
+
+
+async def test_a_cluster_missing_from_the_cache_is_read_fresh(harness: Harness) -> None:
+    harness.hub.cluster_facts["a"] = ClusterFacts("a")
+    obj = deployment()
+    await harness.analyze(obj)
+    await harness.decide(obj, {"a": 9})
+    assert harness.hub.fresh_reads == 0
+    await harness.decide(obj, {"a": 4, "new": 5}, decision="d-2")
+    assert harness.hub.fresh_reads == 1
+
+
+async def test_an_updated_dependency_reaches_the_clusters_that_need_it(harness: Harness) -> None:
+    obj = deployment()
+    await harness.analyze(obj, CONFIG_REF)
+    await harness.decide(obj, {"a": 4, "b": 5})
+    updated = copy.deepcopy(CONFIG)
+    updated["data"] = {"mode": "debug"}
+    await harness.analyze(updated, strategy=Strategy.AS_NEEDED)
+    present = await harness.present()
+    for cluster in ("a", "b"):
+        work = present[(CONFIG_REF.key, cluster)]
+        assert work.manifest is not None and work.manifest["data"] == {"mode": "debug"}
+        assert work.dependency_of == [WEB]
+    await harness.analyze(updated, strategy=Strategy.AS_NEEDED, deleted=True)
+    assert sorted(await harness.present()) == [(WEB.key, "a"), (WEB.key, "b")]
+
+
+async def test_clusters_kept_off_for_lacking_the_type_are_named_in_a_warning(
+    harness: Harness,
+) -> None:
+    from flotilla.common.api import GroupVersionKind
+
+    pods_only = frozenset({GroupVersionKind("", "v1", "Pod")})
+    harness.hub.cluster_facts.update(
+        {
+            "old": ClusterFacts("old", api_resources=pods_only),
+            "full": ClusterFacts("full", {"env": "prod"}, api_resources=pods_only),
+            "unreported": ClusterFacts("unreported"),
+        }
+    )
+    obj = deployment()
+    await harness.analyze(obj)
+    await harness.decide(
+        obj,
+        {"new": 9},
+        rejections={"old": ["x"], "unreported": ["y"], "full": ["z"], "gone": ["w"]},
+    )
+    assert harness.reporter.warnings == [
+        (
+            "web",
+            "IncompatibleCluster",
+            "not placed on clusters full, old: they do not serve apps/v1, Kind=Deployment",
+        )
+    ]
+
+
+async def test_the_objects_namespace_goes_first_and_leaves_with_its_last_object(
+    harness: Harness,
+) -> None:
+    harness.hub.add(manifest("v1", "Namespace", name=NS, namespace=None))
+    namespace = ObjectRef(api_version="v1", kind="Namespace", name=NS)
+    obj = deployment()
+    await harness.analyze(obj, CONFIG_REF)
+    await harness.decide(obj, {"a": 9})
+    assert [w.ref.kind for w in await harness.works()] == ["Namespace", "ConfigMap", "Deployment"]
+    assert (await harness.present())[(namespace.key, "a")].dependency_of == [WEB]
+    await harness.decide(obj, {}, decision="d-2", deleted=True)
+    assert await harness.present() == {}
