@@ -86,13 +86,11 @@ def manifest(name: str) -> dict[str, Any]:
 
 async def register(api: Any, member: KubeSim) -> None:
     core = k8s.CoreV1Api(api)
-    await core.create_namespaced_secret(
-        SYSTEM,
-        {
-            "metadata": {"name": member.name, "namespace": SYSTEM},
-            "stringData": {"kubeconfig": json.dumps(member.kubeconfig())},
-        },
-    )
+    secret: Any = {
+        "metadata": {"name": member.name, "namespace": SYSTEM},
+        "stringData": {"kubeconfig": json.dumps(member.kubeconfig())},
+    }
+    await core.create_namespaced_secret(SYSTEM, secret)
     await k8s.CustomObjectsApi(api).create_cluster_custom_object(
         "flotilla.io",
         "v1alpha1",
@@ -160,7 +158,8 @@ async def run(
         process = None
         try:
             await kube.install_crds(api, CRD_DIR.glob("*.yaml"))
-            await k8s.CoreV1Api(api).create_namespace({"metadata": {"name": SYSTEM}})
+            namespace: Any = {"metadata": {"name": SYSTEM}}
+            await k8s.CoreV1Api(api).create_namespace(namespace)
             for member in members:
                 await register(api, member)
             env = {
