@@ -322,6 +322,10 @@ class Syncer:
                 ref.namespace or "",
                 ref.name,
             )
+        # Out of the in-memory index first: the watch must not take the deletion
+        # below for someone else's and set the object back. The durable record
+        # stays until the member object is gone, so a retry still knows what to delete.
+        self._index(key, None)
         async with self.members.connection(work.cluster) as api:
             try:
                 resource = await rest.resource(api, api_version, kind)
@@ -330,7 +334,6 @@ class Syncer:
             if resource is not None:
                 await self._delete(api, resource, namespace, name, work)
         await self.works.delete(key)
-        self._index(key, None)
         if not work.dependency_of:
             await self.agent(work.cluster).report(key, work.ref, None)
 
