@@ -35,7 +35,7 @@ from typing import Any
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 
-from flotilla.common import events, kube
+from flotilla.common import builders, events, kube
 from flotilla.common.bus import Bus
 from flotilla.common.events import ObjectRef, WorkRendered
 from flotilla.common.infra import NatsServer, RedisServer
@@ -51,37 +51,10 @@ ORIGIN = "flotilla.io/origin"
 
 
 def manifest(name: str) -> dict[str, Any]:
-    key = f"apps/v1/Deployment/{NS}/{name}"
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {
-            "name": name,
-            "namespace": NS,
-            "labels": {ORIGIN: f"deployment-{name}"},
-            "annotations": {
-                ORIGIN: key,
-                "flotilla.io/decision": "bench",
-                "flotilla.io/hub-generation": "1",
-            },
-        },
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "app",
-                            "image": "nginx:1.27",
-                            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
-                        }
-                    ]
-                },
-            },
-        },
-    }
+    return builders.rendered(
+        builders.deployment(name, NS, requests={"cpu": "10m", "memory": "16Mi"}),
+        decision="bench",
+    )
 
 
 async def register(api: Any, member: KubeSim) -> None:

@@ -9,74 +9,44 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from flotilla.common import events
+from flotilla.common import builders, events
 from flotilla.common.bus import Bus
 from flotilla.common.events import ObjectRef, WorkRendered
-from flotilla.common.infra import NatsServer, RedisServer
 from flotilla.common.rediscapacity import RedisCapacityCache
 from flotilla.common.testing import eventually
 from flotilla.common.topology import Topology
 from flotilla.kubesim.server import KubeSim
-from flotilla.kubesim.testing import KubeSimFactory, api_client
+from flotilla.kubesim.testing import api_client
 
-from .fleet import HEARTBEAT, MEMBERS, Fleet, running_fleet
+from .fleet import HEARTBEAT, MEMBERS, Fleet
+from .test_end_to_end import fleet
+
+__all__ = ["fleet"]  # the end-to-end fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 STARTUP = 120.0
-"""Seconds for the services to come up: four Python processes importing at once on
+"""Seconds for the services to come up: five Python processes importing at once on
 a small shared machine take a while."""
 
 NS = "shop"
 ORIGIN = "flotilla.io/origin"
 
 
-def rendered(obj: dict[str, Any], decision: str = "d1") -> dict[str, Any]:
-    """`obj` marked as the transformer marks what it renders."""
-    ref = ObjectRef.of(obj)
-    meta = obj["metadata"]
-    meta.setdefault("labels", {})[ORIGIN] = f"{ref.kind.lower()}-{ref.name}"
-    meta.setdefault("annotations", {}).update(
-        {ORIGIN: ref.key, "flotilla.io/decision": decision, "flotilla.io/hub-generation": "1"}
-    )
-    return obj
-
-
 def deployment(name: str, replicas: int = 3) -> dict[str, Any]:
-    return rendered(
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {
-                "replicas": replicas,
-                "selector": {"matchLabels": {"app": name}},
-                "template": {
-                    "metadata": {"labels": {"app": name}},
-                    "spec": {
-                        "containers": [
-                            {
-                                "name": "app",
-                                "image": "nginx:1.27",
-                                "resources": {"requests": {"cpu": "250m"}},
-                            }
-                        ]
-                    },
-                },
-            },
-        }
+    return builders.rendered(
+        builders.deployment(name, NS, replicas=replicas, requests={"cpu": "250m"})
     )
 
 
 def config_map(name: str) -> dict[str, Any]:
-    return rendered(
+    return builders.rendered(
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
@@ -109,20 +79,6 @@ class Transformer:
                 dedupe=(self.sent,),
             )
         )
-
-
-@pytest.fixture
-async def fleet(
-    kubesim_factory: KubeSimFactory,
-    nats_server: NatsServer,
-    redis_server: RedisServer,
-    unique: str,
-    tmp_path: Path,
-) -> AsyncIterator[Fleet]:
-    async with running_fleet(
-        kubesim_factory, nats_server, redis_server, f"sy{unique}", tmp_path
-    ) as running:
-        yield running
 
 
 @contextlib.asynccontextmanager
@@ -280,7 +236,7 @@ async def test_a_syncer_killed_mid_apply_converges_without_duplicates_or_leftove
 
         # One ReplicaSet per Deployment and exactly its pods: nothing applied twice.
         async def pods_settled() -> bool:
-            return member.stats()["podsByPhase"].get("Running") == 2 * len(names)
+            return bool(member.stats()["podsByPhase"].get("Running") == 2 * len(names))
 
         await eventually(pods_settled, timeout=60, what="two pods per Deployment")
         replica_sets = await ours(member, f"/apis/apps/v1/namespaces/{NS}/replicasets")
@@ -308,7 +264,7 @@ async def test_a_syncer_killed_mid_apply_converges_without_duplicates_or_leftove
         await eventually(only_kept, timeout=STARTUP, what="exactly the kept works on the member")
 
         async def pods_of_kept() -> bool:
-            return member.stats()["podsByPhase"].get("Running") == 2 * len(kept)
+            return bool(member.stats()["podsByPhase"].get("Running") == 2 * len(kept))
 
         await eventually(pods_of_kept, timeout=60, what="no pods left behind")
 

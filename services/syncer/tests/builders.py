@@ -2,67 +2,24 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
-from flotilla.common import events
+from flotilla.common import builders, events
 from flotilla.common.events import ObjectRef, WorkRendered
-from flotilla.syncer.observation import (
-    DECISION_ANNOTATION,
-    HUB_GENERATION_ANNOTATION,
-    ORIGIN_ANNOTATION,
-    ORIGIN_LABEL,
-)
 
 JsonObject = dict[str, Any]
 
 
-def marked(obj: JsonObject, *, decision: str = "d1", hub_generation: int = 1) -> JsonObject:
-    """`obj` as the transformer renders it: origin label and annotations set."""
-    ref = ObjectRef.of(obj)
-    out = copy.deepcopy(obj)
-    meta = out.setdefault("metadata", {})
-    meta.setdefault("labels", {})[ORIGIN_LABEL] = f"{ref.kind.lower()}-{ref.name}"
-    meta.setdefault("annotations", {}).update(
-        {
-            ORIGIN_ANNOTATION: ref.key,
-            DECISION_ANNOTATION: decision,
-            HUB_GENERATION_ANNOTATION: str(hub_generation),
-        }
-    )
-    return out
-
-
-def deployment(
-    name: str = "web", namespace: str = "shop", *, replicas: int = 3, image: str = "nginx:1.27"
-) -> JsonObject:
-    return marked(
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "replicas": replicas,
-                "selector": {"matchLabels": {"app": name}},
-                "template": {
-                    "metadata": {"labels": {"app": name}},
-                    "spec": {
-                        "containers": [
-                            {
-                                "name": "web",
-                                "image": image,
-                                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
-                            }
-                        ]
-                    },
-                },
-            },
-        }
+def deployment(name: str = "web", namespace: str = "shop", *, replicas: int = 3) -> JsonObject:
+    return builders.rendered(
+        builders.deployment(
+            name, namespace, replicas=replicas, requests={"cpu": "100m", "memory": "64Mi"}
+        )
     )
 
 
 def config_map(name: str = "settings", namespace: str = "shop") -> JsonObject:
-    return marked(
+    return builders.rendered(
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
