@@ -53,6 +53,7 @@ bench: bootstrap
 	$(PY) bench/scheduler.py
 	$(PY) bench/kubesim.py
 	$(PY) bench/transformer.py
+	$(PY) bench/syncer.py
 
 lock: $(UV)
 	$(UV) lock
