@@ -57,6 +57,9 @@ MEMBERS: Mapping[str, Mapping[str, str]] = {
 }
 NODES = 3
 NODE = {"cpu": 8000, "memory": 32 * 2**30, "pods": 110}
+STARTUP = 180.0
+"""Seconds for the services to come up: several Python processes importing at once
+on a small shared machine take a while."""
 HEARTBEAT = 1.0
 """The syncer's heartbeat in the fixture (seconds): Ready and capacity come quickly."""
 
@@ -195,6 +198,17 @@ class Fleet:
         body = {**created, "status": status}
         kube.checked(await self.dyn.replace(resource.status, body=body, name=name))
 
+    async def ready(self, name: str) -> str | None:
+        """The status of the member's Ready condition on the hub (None: not reported)."""
+        obj: dict[str, Any] = await k8s.CustomObjectsApi(self.api).get_cluster_custom_object(
+            "flotilla.io", "v1alpha1", "clusters", name
+        )
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        return next((c["status"] for c in conditions if c["type"] == "Ready"), None)
+
+    async def all_ready(self) -> bool:
+        return all([await self.ready(name) == "True" for name in self.members])
+
     # --- the hub, as a user --------------------------------------------------------------
 
     async def create(self, obj: Mapping[str, Any]) -> Any:
@@ -287,6 +301,10 @@ async def running_fleet(
             try:
                 for service in services:
                     await fleet.start_service(service)
+                if not fleet.by_hand:
+                    # The syncer reports the members Ready once it is up; a test starts
+                    # from a fleet whose members can take work.
+                    await eventually(fleet.all_ready, timeout=STARTUP, what="every member Ready")
                 yield fleet
             finally:
                 for service in list(fleet.processes):

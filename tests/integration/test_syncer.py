@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from flotilla.common import builders, events
@@ -24,16 +23,12 @@ from flotilla.common.topology import Topology
 from flotilla.kubesim.server import KubeSim
 from flotilla.kubesim.testing import api_client
 
-from .fleet import HEARTBEAT, MEMBERS, Fleet
+from .fleet import HEARTBEAT, MEMBERS, STARTUP, Fleet
 from .test_end_to_end import fleet
 
 __all__ = ["fleet"]  # the end-to-end fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
-
-STARTUP = 120.0
-"""Seconds for the services to come up: five Python processes importing at once on
-a small shared machine take a while."""
 
 NS = "shop"
 ORIGIN = "flotilla.io/origin"
@@ -134,14 +129,6 @@ def config_map_path(name: str) -> str:
     return f"/api/v1/namespaces/{NS}/configmaps/{name}"
 
 
-async def ready(fleet: Fleet, cluster: str) -> str | None:
-    obj: dict[str, Any] = await k8s.CustomObjectsApi(fleet.api).get_cluster_custom_object(
-        "flotilla.io", "v1alpha1", "clusters", cluster
-    )
-    conditions = (obj.get("status") or {}).get("conditions") or []
-    return next((c["status"] for c in conditions if c["type"] == "Ready"), None)
-
-
 async def test_registering_a_member_is_all_it_takes(fleet: Fleet) -> None:
     cache = RedisCapacityCache.from_url(fleet.redis_server.url, prefix=f"{fleet.prefix}:capacity:")
     try:
@@ -157,7 +144,7 @@ async def test_registering_a_member_is_all_it_takes(fleet: Fleet) -> None:
             assert len(record.nodes) == 3
         for name in MEMBERS:
             await eventually(
-                lambda name=name: _equals(ready(fleet, name), "True"),  # type: ignore[misc]
+                lambda name=name: _equals(fleet.ready(name), "True"),  # type: ignore[misc]
                 timeout=30,
                 what=f"{name} Ready",
             )
@@ -284,18 +271,18 @@ async def test_a_member_outage_marks_it_not_ready_and_drift_is_repaired_on_retur
             )
 
         await eventually(applied, timeout=STARTUP, what="the works applied")
-        await eventually(lambda: _equals(ready(fleet, "eu-central"), "True"), timeout=30)
+        await eventually(lambda: _equals(fleet.ready("eu-central"), "True"), timeout=30)
 
         await member.set_outage(True)
         down_at = time.monotonic()
         await eventually(
-            lambda: _equals(ready(fleet, "eu-central"), "False"),
+            lambda: _equals(fleet.ready("eu-central"), "False"),
             timeout=3 * HEARTBEAT + 10,
             what="eu-central not Ready",
         )
         # Three missed heartbeats, plus the beat in flight and the hub write.
         assert time.monotonic() - down_at <= 3 * HEARTBEAT + 3
-        assert await ready(fleet, "us-east") == "True"  # the others are untouched
+        assert await fleet.ready("us-east") == "True"  # the others are untouched
 
         # While nobody can reach it, someone edits one object and deletes another.
         deployments = member.store.resource_type("apps/v1", "Deployment")
@@ -306,7 +293,7 @@ async def test_a_member_outage_marks_it_not_ready_and_drift_is_repaired_on_retur
 
         await member.set_outage(False)
         await eventually(
-            lambda: _equals(ready(fleet, "eu-central"), "True"), timeout=45, what="Ready again"
+            lambda: _equals(fleet.ready("eu-central"), "True"), timeout=45, what="Ready again"
         )
 
         async def repaired() -> bool:
