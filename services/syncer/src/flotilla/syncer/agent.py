@@ -236,11 +236,11 @@ class ClusterAgent:
             self.cluster, nodes.get("items") or [], pods.get("items") or [], observed_at=time.time()
         )
         await self.syncer.cache.put(record)
-        released = await self._release(listed_at)
+        released = await self.release_counted(listed_at)
         await self._announce(record, force=released)
         await self._write_status(True, "MemberReachable", "the member answers", record)
 
-    async def _release(self, listed_at: float) -> bool:
+    async def release_counted(self, listed_at: float) -> bool:
         """Drop the reservations of objects the record just written counts."""
         counted = {key for key, at in self._ready_at.items() if at < listed_at}
         if not counted:
