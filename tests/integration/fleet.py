@@ -35,12 +35,15 @@ from kubernetes_asyncio.dynamic import DynamicClient
 from nats.aio.msg import Msg
 
 from flotilla.common import capacity, events, kube
+from flotilla.common.bus import Bus
 from flotilla.common.infra import NatsServer, RedisServer
 from flotilla.common.rediscapacity import RedisCapacityCache
 from flotilla.common.testing import CRD_DIR, eventually
+from flotilla.common.topology import Topology
 from flotilla.kubesim.server import KubeSim
 from flotilla.kubesim.sim import SimOptions
 from flotilla.kubesim.testing import KubeSimFactory
+from flotilla.scheduler.records import ClusterRecord
 
 SYSTEM_NAMESPACE = "flotilla-system"
 SERVICES = ("watcher", "depdetector", "scheduler", "transformer", "syncer")
@@ -209,6 +212,27 @@ class Fleet:
     async def all_ready(self) -> bool:
         return all([await self.ready(name) == "True" for name in self.members])
 
+    async def scheduler_sees_ready(self) -> bool:
+        """Whether the scheduler's own view of the clusters (what it decides against)
+        has every member Ready: the hub's status reaches it through the watcher."""
+        bus = await Bus.connect(
+            self.nats_server.url,
+            topology=Topology(prefix=self.prefix, partitions=4),
+            producer="fleet",
+            ensure=False,
+        )
+        try:
+            records = await bus.store(bus.topology.bucket("scheduler-clusters"), ClusterRecord)
+            for name in self.members:
+                entry = await records.get(name)
+                cluster = entry.value.cluster if entry else None
+                ready = cluster.status.condition("Ready") if cluster else None
+                if ready is None or ready.status != "True":
+                    return False
+            return True
+        finally:
+            await bus.close()
+
     # --- the hub, as a user --------------------------------------------------------------
 
     async def create(self, obj: Mapping[str, Any]) -> Any:
@@ -305,6 +329,12 @@ async def running_fleet(
                     # The syncer reports the members Ready once it is up; a test starts
                     # from a fleet whose members can take work.
                     await eventually(fleet.all_ready, timeout=STARTUP, what="every member Ready")
+                    if "scheduler" in services:
+                        await eventually(
+                            fleet.scheduler_sees_ready,
+                            timeout=STARTUP,
+                            what="the scheduler seeing every member Ready",
+                        )
                 yield fleet
             finally:
                 for service in list(fleet.processes):

@@ -14,7 +14,10 @@
   when the figures moved, and server-side apply ``Cluster.status`` on the hub
   (field manager ``flotilla-syncer``: the Ready condition, allocatable, available,
   apiResources, lastHeartbeatTime). A member that has not answered for
-  ``missed_heartbeats`` intervals is marked not Ready.
+  ``missed_heartbeats`` intervals is marked not Ready. An unchanged status is
+  written again only once it is ``missed_heartbeats`` intervals old: every write
+  reaches every service that watches Clusters, so a quiet fleet stays quiet, and
+  ``lastHeartbeatTime`` still tells an observer whether the syncer itself is alive.
 
 **Reservations.** The scheduler reserves room for an object's replicas on a
 cluster under the object's key (``<key>#<component>`` for multi-component
@@ -85,6 +88,8 @@ class ClusterAgent:
         self._api_resources: list[dict[str, Any]] = []
         self._published: tuple[dict[str, int], dict[str, int]] | None = None
         self._published_at = float("-inf")
+        self._status_content: tuple[Any, ...] | None = None
+        self._status_written_at = float("-inf")
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -238,7 +243,16 @@ class ClusterAgent:
         await self.syncer.cache.put(record)
         released = await self.release_counted(listed_at)
         await self._announce(record, force=released)
-        await self._write_status(True, "MemberReachable", "the member answers", record)
+        content = (dict(record.allocatable), dict(record.available), list(self._api_resources))
+        stale_after = self.syncer.heartbeat_interval * self.syncer.missed_heartbeats
+        if (
+            self.ready is not True
+            or content != self._status_content
+            or self.syncer.clock() - self._status_written_at >= stale_after
+        ):
+            await self._write_status(True, "MemberReachable", "the member answers", record)
+            self._status_content = content
+            self._status_written_at = self.syncer.clock()
 
     async def release_counted(self, listed_at: float) -> bool:
         """Drop the reservations of objects the record just written counts."""
