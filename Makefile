@@ -10,9 +10,10 @@ PY := $(VENV)/bin/python
 export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 export UV_LINK_MODE := copy
 
-.PHONY: help bootstrap lint typecheck imports test unit integration bench clean
+.PHONY: help bootstrap lint typecheck imports test unit integration bench clean demo
 
 help:
+	@echo "make demo       start Flotilla on this machine, drain a cluster under a live app, stop it"
 	@echo "make test       lint, typecheck, import contracts and every test (real NATS/Redis started by the tests)"
 	@echo "make unit       fast tests only (no integration marker)"
 	@echo "make bench      run the benchmarks under bench/ and print JSON"
@@ -28,12 +29,15 @@ $(VENV)/.synced: $(UV) uv.lock pyproject.toml $(wildcard libs/*/pyproject.toml s
 
 bootstrap: $(VENV)/.synced
 
+demo: bootstrap
+	$(VENV)/bin/flotilla --state-dir .flotilla demo
+
 lint: bootstrap
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 typecheck: bootstrap
-	$(VENV)/bin/mypy libs/common/src libs/kubesim/src $(wildcard services/*/src) bench
+	$(VENV)/bin/mypy libs/common/src libs/kubesim/src libs/cli/src $(wildcard services/*/src) bench
 
 imports: bootstrap
 	$(VENV)/bin/lint-imports
@@ -54,6 +58,7 @@ bench: bootstrap
 	$(PY) bench/kubesim.py
 	$(PY) bench/transformer.py
 	$(PY) bench/syncer.py
+	$(PY) bench/drain.py
 
 lock: $(UV)
 	$(UV) lock

@@ -22,13 +22,15 @@ The ``service`` section (``--service CLUSTERS:PROCESSES:OBJECTS``, repeatable;
 ``--no-service`` to skip) measures the service end to end on this machine: it
 starts NATS and Redis, one or two ``python -m flotilla.scheduler`` processes,
 announces the fleet (``ClusterObserved`` and capacity records), publishes N
-``ResourceAnalyzed`` of the same mix at once and reports N / (time until the N-th
+``ResourceAnalyzed`` at once and reports N / (time until the N-th
 ``PlacementDecided`` arrives); a run that has not finished after 120 s reports
-what it decided (``complete: false``). Everything (NATS, Redis, the replicas,
-this publisher) shares the machine's cores. Nothing plays the syncer, so no
-reservation is released by a member's report: they pile up for the whole run,
-which is the capacity cache's worst case (its snapshot reads every live
-reservation).
+what it decided (``complete: false``). The service runs use a fleet with room
+for them and a mix most of which places something (`make_service_object`):
+``placed_share`` is the share of decisions that placed anything, beside
+``cpu_ms_per_decision`` (the scheduler processes' CPU time over the run, per
+decision) and the load average. Everything (NATS, Redis, the replicas, this
+publisher) shares the machine's cores. Nothing plays the syncer, so reservations
+pile up for the whole run.
 """
 
 from __future__ import annotations
@@ -82,7 +84,11 @@ SERVED = [
 ] + [api.ApiResource(group="", version="v1", kind=kind) for kind in ("Pod", "ConfigMap")]
 
 
-def make_fleet(size: int, rng: random.Random) -> tuple[list[api.Cluster], capacity.Snapshot]:
+def make_fleet(
+    size: int, rng: random.Random, *, roomy: bool = False
+) -> tuple[list[api.Cluster], capacity.Snapshot]:
+    """The fleet; `roomy` (the service runs) has nodes four times larger and at most
+    half used, so that a few thousand objects of the service mix fit."""
     clusters = []
     records = {}
     for i in range(size):
@@ -116,9 +122,11 @@ def make_fleet(size: int, rng: random.Random) -> tuple[list[api.Cluster], capaci
         nodes = []
         for n in range(10):
             allocatable = {"cpu": 16000, "memory": 64 * GIB, "pods": 110}
+            if roomy:
+                allocatable = {"cpu": 64000, "memory": 256 * GIB, "pods": 250}
             if n < 2 and i % 4 == 0:
                 allocatable["nvidia.com/gpu"] = 4
-            used = rng.random() * 0.8
+            used = rng.random() * (0.5 if roomy else 0.8)
             free = {r: int(v * (1 - used)) for r, v in allocatable.items()}
             nodes.append(
                 capacity.NodeCapacity(name=f"{name}-{n}", allocatable=allocatable, free=free)
@@ -251,6 +259,34 @@ def measure(size: int, seconds: float, seed: int = 7) -> dict[str, Any]:
 # --- the service end to end ------------------------------------------------------------
 
 
+def make_service_object(i: int, rng: random.Random) -> ResourceAnalyzed:
+    """The service runs' mix: what a real fleet mostly sees. 60% ``split``
+    Deployments of 1-4 replicas, 10% ``copy`` DaemonSets of a small agent, 30% ``any``
+    Pods, over the three smaller request shapes: most decisions place something
+    (the placed share is reported beside each figure)."""
+    roll = rng.random()
+    shape = SHAPES[rng.randrange(3)]
+    policy: api.PlacementPolicySpec | None = None
+    if roll < 0.6:
+        kind, api_version, strategy = "Deployment", "apps/v1", Strategy.SPLIT
+        replicas: int | None = rng.randrange(1, 5)
+        policy = POLICIES[i % len(POLICIES)]
+    elif roll < 0.7:
+        kind, api_version, strategy = "DaemonSet", "apps/v1", Strategy.COPY
+        replicas, shape = 1, {"cpu": 50, "memory": 64 * 2**20}
+    else:
+        kind, api_version, strategy = "Pod", "v1", Strategy.ANY
+        replicas = 1
+    return ResourceAnalyzed(
+        ref=ObjectRef(api_version=api_version, kind=kind, name=f"obj-{i}", namespace="bench"),
+        object={"metadata": {"name": f"obj-{i}", "namespace": "bench", "uid": f"uid-{i}"}},
+        strategy=strategy,
+        replicas=replicas,
+        requests=dict(shape),
+        policy_spec=policy,
+    )
+
+
 class _Replica:
     """One ``python -m flotilla.scheduler`` process."""
 
@@ -309,15 +345,15 @@ async def _service_run(
         "FLOTILLA_HEALTH_HOST": "127.0.0.1",
         "FLOTILLA_LOG_LEVEL": "ERROR",
     }
-    clusters, snapshot = make_fleet(size, rng)
-    names = [c.metadata.name for c in clusters]
+    clusters, snapshot = make_fleet(size, rng, roomy=True)
     started_replicas = [_Replica(env, f"bench-{run}-{i}") for i in range(replicas)]
-    received = 0
+    received = placed = 0
     done = asyncio.Event()
 
-    async def count(_msg: Any) -> None:
-        nonlocal received
+    async def count(msg: Any) -> None:
+        nonlocal received, placed
         received += 1
+        placed += b'"state":"Active"' in msg.data
         if received >= objects:
             done.set()
 
@@ -342,29 +378,36 @@ async def _service_run(
         leases_kv = await bus.bucket(topology.leases_bucket)
 
         async def ready() -> bool:
+            """Every cluster recorded and the partitions spread evenly: a run that
+            starts while replicas still hand partitions over measures the handover."""
             if int((await clusters_kv.status()).values) < size:
                 return False
-            holders = set()
+            held: dict[bytes, int] = {}
             for partition in range(partitions):
                 try:
-                    holders.add((await leases_kv.get(f"scheduler.p{partition}")).value)
+                    holder = (await leases_kv.get(f"scheduler.p{partition}")).value
                 except Exception:
                     return False
-            return len(holders) == replicas
+                held[holder] = held.get(holder, 0) + 1
+            counts = sorted(held.values())
+            return len(counts) == replicas and counts[-1] - counts[0] <= 1
 
         await _until(ready, 60, "the scheduler replicas to consume every partition")
         batch = []
         for i in range(objects):
-            obj, policy, _ = make_object(i, rng, names)
-            if policy is not None:
-                obj = obj.model_copy(update={"policy_spec": policy})
+            obj = make_service_object(i, rng)
             batch.append(envelope(obj, key=obj.ref.key, producer="bench", revision=1))
+        cpu_before = [_cpu_seconds(r.proc.pid) for r in started_replicas]
         started = time.perf_counter()
         await bus.publish_batch(batch)
         published = time.perf_counter() - started
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(done.wait(), timeout=timeout)
         elapsed = time.perf_counter() - started
+        cpu = sum(
+            _cpu_seconds(r.proc.pid) - before
+            for r, before in zip(started_replicas, cpu_before, strict=True)
+        )
     finally:
         await sub.unsubscribe()
         for replica in started_replicas:
@@ -380,7 +423,20 @@ async def _service_run(
         "publish_s": round(published, 2),
         "elapsed_s": round(elapsed, 2),
         "decisions_per_s": round(received / elapsed),
+        "placed_share": round(placed / max(received, 1), 3),
+        "cpu_ms_per_decision": round(cpu * 1000 / max(received, 1), 2),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure_service(runs: list[tuple[int, int, int]]) -> list[Any]:

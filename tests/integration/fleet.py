@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import sys
-import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -34,7 +33,8 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.dynamic import DynamicClient
 from nats.aio.msg import Msg
 
-from flotilla.common import capacity, events, kube
+from flotilla.cli.environment import MEMBERS, NODES, member_capacity, member_objects
+from flotilla.common import events, kube
 from flotilla.common.bus import Bus
 from flotilla.common.infra import NatsServer, RedisServer
 from flotilla.common.rediscapacity import RedisCapacityCache
@@ -46,20 +46,16 @@ from flotilla.kubesim.testing import KubeSimFactory
 from flotilla.scheduler.records import ClusterRecord
 
 SYSTEM_NAMESPACE = "flotilla-system"
-SERVICES = ("watcher", "depdetector", "scheduler", "transformer", "syncer")
+SERVICES = (
+    "watcher",
+    "depdetector",
+    "scheduler",
+    "transformer",
+    "syncer",
+    "aggregator",
+    "drain",
+)
 """The services built so far, started in this order."""
-MEMBERS: Mapping[str, Mapping[str, str]] = {
-    "us-east": {"region": "us-east", "zone": "us-east-1a", "provider": "aws"},
-    "us-west": {"region": "us-west", "zone": "us-west-2b", "provider": "aws"},
-    "eu-central": {
-        "region": "eu-central",
-        "zone": "eu-central-1a",
-        "provider": "gcp",
-        "gpu": "v100",
-    },
-}
-NODES = 3
-NODE = {"cpu": 8000, "memory": 32 * 2**30, "pods": 110}
 STARTUP = 180.0
 """Seconds for the services to come up: several Python processes importing at once
 on a small shared machine take a while."""
@@ -146,44 +142,18 @@ class Fleet:
         and, in a fleet without the syncer (`by_hand`), its capacity record and
         Ready status."""
         core = k8s.CoreV1Api(self.api)
-        secret: Any = {
-            "metadata": {"name": name, "namespace": SYSTEM_NAMESPACE},
-            "stringData": {"kubeconfig": json.dumps(self.members[name].kubeconfig())},
-        }
+        secret, cluster = member_objects(
+            name, labels, json.dumps(self.members[name].kubeconfig()), SYSTEM_NAMESPACE
+        )
         await core.create_namespaced_secret(SYSTEM_NAMESPACE, secret)
-        cluster = {
-            "apiVersion": "flotilla.io/v1alpha1",
-            "kind": "Cluster",
-            "metadata": {"name": name, "labels": dict(labels)},
-            "spec": {
-                "kubeconfigSecretRef": {
-                    "namespace": SYSTEM_NAMESPACE,
-                    "name": name,
-                    "key": "kubeconfig",
-                }
-            },
-        }
         created = await self.create(cluster)
         if not self.by_hand:
             return
-        node_records = [
-            capacity.NodeCapacity(name=f"{name}-n{i}", allocatable=dict(NODE), free=dict(NODE))
-            for i in range(nodes)
-        ]
-        total = capacity.add(*(n.free for n in node_records))
         cache = RedisCapacityCache.from_url(
             self.redis_server.url, prefix=f"{self.prefix}:capacity:"
         )
         try:
-            await cache.put(
-                capacity.ClusterCapacity(
-                    cluster=name,
-                    allocatable=total,
-                    available=total,
-                    nodes=node_records,
-                    observed_at=time.time(),
-                )
-            )
+            await cache.put(member_capacity(name, gpu=False, nodes=nodes))
         finally:
             await cache.aclose()
         status = {
@@ -325,6 +295,13 @@ async def running_fleet(
             try:
                 for service in services:
                     await fleet.start_service(service)
+                # On a loaded machine six Python processes take a while to import and
+                # connect; a test's own waits start once every service is up.
+                await eventually(
+                    lambda: all(f"{s} started" in fleet.log(s) for s in services),
+                    timeout=240,
+                    what="every service started",
+                )
                 if not fleet.by_hand:
                     # The syncer reports the members Ready once it is up; a test starts
                     # from a fleet whose members can take work.

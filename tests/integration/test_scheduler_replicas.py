@@ -73,14 +73,7 @@ def cluster_object(name: str) -> dict[str, Any]:
 
 
 def capacity_record(name: str) -> capacity.ClusterCapacity:
-    nodes = [
-        capacity.NodeCapacity(name=f"{name}-n{i}", allocatable=dict(NODE), free=dict(NODE))
-        for i in range(NODES)
-    ]
-    total = capacity.add(*(n.free for n in nodes))
-    return capacity.ClusterCapacity(
-        cluster=name, allocatable=total, available=total, nodes=nodes, observed_at=time.time()
-    )
+    return capacity.uniform(name, NODE, NODES, observed_at=time.time())
 
 
 def analyzed(index: int, replicas: int, rng: random.Random) -> ResourceAnalyzed:

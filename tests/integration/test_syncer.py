@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from flotilla.cli.environment import MEMBERS
 from flotilla.common import builders, events
 from flotilla.common.bus import Bus
 from flotilla.common.events import ObjectRef, WorkRendered
@@ -23,7 +24,7 @@ from flotilla.common.topology import Topology
 from flotilla.kubesim.server import KubeSim
 from flotilla.kubesim.testing import api_client
 
-from .fleet import HEARTBEAT, MEMBERS, STARTUP, Fleet
+from .fleet import HEARTBEAT, STARTUP, Fleet
 from .test_end_to_end import fleet
 
 __all__ = ["fleet"]  # the end-to-end fixture

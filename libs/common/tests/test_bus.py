@@ -411,6 +411,17 @@ async def test_replay_reads_a_window_by_time(nats_server: NatsServer, unique: st
     assert before == [0, 1, 2, 3, 4]
 
 
+async def test_replay_of_a_window_with_nothing_in_it_is_empty_not_an_error(
+    nats_server: NatsServer, unique: str
+) -> None:
+    async with connected(nats_server, f"replaye{unique}") as bus:
+        await bus.publish_batch([observed("a", i) for i in range(3)])
+        later = datetime.now(UTC)
+        by_type = [r async for r in bus.replay(start_sequence=2, event_types=["ClusterObserved"])]
+        by_time = [r async for r in bus.replay(start_time=later)]
+    assert by_type == [] and by_time == []
+
+
 @pytest.mark.parametrize(
     "timeout",
     [nats.errors.TimeoutError(), TimeoutError()],

@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 from flotilla.common import capacity
 from flotilla.common.capacity import (
     CapacityCache,
+    Claim,
     ClusterCapacity,
     FakeCapacityCache,
     NodeCapacity,
@@ -88,6 +89,48 @@ async def test_put_replaces_record_but_keeps_reservations(cache: CapacityCache) 
     assert current.observed_at == 200.0
     assert current.reserved == {"cpu": 2000, "pods": 2}
     assert current.fit_replicas({"cpu": 1000}) == 1
+
+
+async def test_a_claim_is_all_or_nothing_across_clusters(cache: CapacityCache) -> None:
+    await cache.put(record("a", {"cpu": 4000, "pods": 10}))
+    await cache.put(record("b", {"cpu": 1000, "pods": 10}))
+    assert await cache.reserve("a", "old", {"cpu": 500}, 1, ttl=60)
+    too_big = [Claim("a", "k", {"cpu": 1000}, 2), Claim("b", "k", {"cpu": 1000}, 2)]
+    assert await cache.claim(too_big, 60, releases=[("a", "old")]) == {"b"}
+    # Nothing changed: not the claim that fitted, not the release.
+    assert (await cache.snapshot()).clusters["a"].reserved == {"cpu": 500, "pods": 1}
+    assert "b" not in {c for c, r in (await cache.snapshot()).clusters.items() if r.reserved}
+    fits = [Claim("a", "k", {"cpu": 1000}, 2), Claim("b", "k", {"cpu": 1000}, 1)]
+    assert await cache.claim(fits, 60, releases=[("a", "old")]) == set()
+    snap = await cache.snapshot()
+    assert snap.clusters["a"].reserved == {"cpu": 2000, "pods": 2}
+    assert snap.clusters["b"].reserved == {"cpu": 1000, "pods": 1}
+    assert await cache.claim([Claim("gone", "k", {"cpu": 1}, 1)], 60) == {"gone"}
+
+
+async def test_claims_on_one_cluster_count_together(cache: CapacityCache) -> None:
+    await cache.put(record("c", {"cpu": 3000, "pods": 10}))
+    both = [Claim("c", "k#web", {"cpu": 2000}, 1), Claim("c", "k#db", {"cpu": 2000}, 1)]
+    assert await cache.claim(both, 60) == {"c"}
+    assert await cache.reservations("c") == []
+    # Re-claiming held ids replaces them: their own room is not in the way.
+    assert await cache.claim(both[:1], 60) == set()
+    assert await cache.claim([Claim("c", "k#web", {"cpu": 3000}, 1)], 60) == set()
+
+
+async def test_an_unchecked_claim_puts_reservations_back(cache: CapacityCache) -> None:
+    await cache.put(record("c", {"cpu": 1000, "pods": 10}))
+    assert await cache.reserve("c", "other", {"cpu": 1000}, 1, ttl=60)
+    assert await cache.claim([Claim("c", "k", {"cpu": 500}, 1)], 60) == {"c"}
+    assert await cache.claim([Claim("c", "k", {"cpu": 500}, 1)], 60, check=False) == set()
+    assert {r.id for r in await cache.reservations("c")} == {"other", "k"}
+
+
+async def test_a_new_record_is_judged_by_its_own_nodes(cache: CapacityCache) -> None:
+    await cache.put(record("c", {"cpu": 1000, "pods": 10}))
+    assert await cache.claim([Claim("c", "k", {"cpu": 1000}, 2)], 60) == {"c"}
+    await cache.put(record("c", {"cpu": 1000, "pods": 10}, {"cpu": 1000, "pods": 10}))
+    assert await cache.claim([Claim("c", "k", {"cpu": 1000}, 2)], 60) == set()
 
 
 async def test_fragmentation_is_respected(cache: CapacityCache) -> None:

@@ -142,3 +142,10 @@ def test_fit_never_exceeds_any_node_or_the_cluster(
         all(free[r] >= amount for r, amount in capacity.pod_shape(shape).items())
         for free in remaining
     )
+
+
+def test_a_uniform_cluster_adds_up_its_empty_nodes() -> None:
+    record = capacity.uniform("c", {"cpu": 1000, "pods": 10}, 3, observed_at=5.0)
+    assert [n.name for n in record.nodes] == ["c-n0", "c-n1", "c-n2"]
+    assert record.allocatable == record.available == {"cpu": 3000, "pods": 30}
+    assert record.fit_replicas({"cpu": 600}) == 3

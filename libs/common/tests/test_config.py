@@ -26,3 +26,11 @@ def test_invalid_values_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> No
         config.load(config.Settings)
     assert "FLOTILLA_PARTITIONS" in str(info.value)
     assert "FLOTILLA_LOG_LEVEL" in str(info.value)
+
+
+def test_each_service_has_its_own_default_health_port() -> None:
+    ports = [config.service_defaults(s, {})["health_port"] for s in config.HEALTH_PORTS]
+    assert len(set(ports)) == 7 and 8080 not in ports
+    assert config.service_defaults("scheduler", {}) == {"health_port": 8083}
+    assert config.service_defaults("scheduler", {"FLOTILLA_HEALTH_PORT": "9000"}) == {}
+    assert config.service_defaults("unknown", {}) == {}

@@ -3,7 +3,7 @@
 The API server validates with the CRD schema, Flotilla with `flotilla.common.api`;
 if they disagree a user can create an object Flotilla rejects (or the reverse).
 These tests compare their field names, required fields and enums recursively, and
-check the examples of ARCHITECTURE.md against both.
+check the documented examples (docs/examples, the README) against both.
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def test_schema_is_structural(kind: str) -> None:
     assert free_form == ([patch] if kind.endswith("Transformation") else [])
 
 
-# --- the examples of ARCHITECTURE.md ----------------------------------------------------
+# --- the documented examples ---------------------------------------------------------
 # Verbatim where the document is concrete. Where it abbreviates (`{...}`, `...`, a
 # list of condition types, `{key, operator, …}`), the placeholder is filled with
 # a concrete value of the shape the document describes; each is marked.

@@ -237,3 +237,24 @@ def test_an_object_nested_beyond_any_parser_is_refused_as_permanent() -> None:
     hand_made = b'{"a":' * 5000 + b"1" + b"}" * 5000
     with pytest.raises(InvalidEvent):
         events.decode(hand_made)
+
+
+def test_placement_decided_reads_rejections_in_either_shape() -> None:
+    """`rejected` (reason → clusters) is what producers send now; `rejections`
+    (cluster → reasons) is what older ones sent, and still reads the same."""
+    ref = events.ObjectRef(api_version="v1", kind="Pod", name="p", namespace="ns")
+    grouped = events.PlacementDecided(
+        ref=ref, decision_id="d", clusters=[], rejected={"taints: gpu": ["a", "b"], "cordon": ["c"]}
+    )
+    older = events.PlacementDecided(
+        ref=ref, decision_id="d", clusters=[], rejections={"b": ["taints: gpu"], "c": ["cordon"]}
+    )
+    for decided in (grouped, older):
+        assert decided.reasons_for("b") == ["taints: gpu"]
+        assert decided.reasons_for("c") == ["cordon"]
+        assert decided.reasons_for("z") == []
+    assert grouped.rejected_clusters() == ["a", "b", "c"]
+    assert older.rejected_clusters() == ["b", "c"]
+    # A version-1 reader of the new shape sees an event it can decode.
+    assert events.PlacementDecided.VERSION == 1
+    assert "rejected" in grouped.model_dump(mode="json")

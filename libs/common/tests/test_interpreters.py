@@ -232,7 +232,7 @@ def test_bad_quantity_names_the_field(registry: Registry) -> None:
         registry.interpret(obj)
 
 
-# --- multi-component workloads (FlinkDeployment from ARCHITECTURE.md) -------------------
+# --- multi-component workloads (a FlinkDeployment) --------------------------------------
 
 
 def test_flink_deployment_components(registry: Registry) -> None:
@@ -385,6 +385,7 @@ def test_status_rules_pair_each_compiled_path_with_its_op(registry: Registry) ->
         (".status.readyReplicas", "sum"),
         (".status.availableReplicas", "sum"),
         (".status.updatedReplicas", "sum"),
+        (".status.unavailableReplicas", "sum"),
     ]
     status = {"status": {"readyReplicas": 2}}
     assert paths.get_all(status, rules[1][0]) == [2]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -223,3 +224,45 @@ async def test_a_reopened_queue_takes_work_again_after_a_drain() -> None:
     assert handled == [2]
     assert refused.released and not accepted.released
     await queue.drain(timeout=1)
+
+
+async def test_pending_counts_what_is_accepted_and_not_finished() -> None:
+    """The counter agrees with the keys at every step: completions, a retry (parked,
+    not pending) and a drain."""
+    gates = {key: asyncio.Event() for key in "abc"}
+
+    async def process(d: FakeDelivery) -> Retry | None:
+        await gates[d.key].wait()
+        return Retry(delay=60) if d.key == "c" else None
+
+    queue = make_queue(process, concurrency=2)
+
+    def counted() -> int:
+        return sum(len(k.waiting) + (k.running is not None) for k in queue._keys.values())
+
+    for sequence, key in enumerate("aabc", start=1):
+        queue.submit(FakeDelivery(key, sequence))
+    try:
+        await _count_along(queue, gates, counted)
+    finally:
+        for gate in gates.values():
+            gate.set()
+        await queue.drain(1)
+    assert queue.pending == 0
+
+
+async def _count_along(
+    queue: KeyedQueue[FakeDelivery],
+    gates: dict[str, asyncio.Event],
+    counted: Callable[[], int],
+) -> None:
+    assert queue.pending == counted() == 4
+    gates["a"].set()
+    await asyncio.wait_for(queue.wait_keys_idle(lambda k: k == "a"), 2)
+    assert queue.pending == counted() == 2
+    gates["c"].set()
+    await asyncio.wait_for(queue.wait_for_room(2), 2)
+    assert queue.pending == counted() == 1  # "c" is parked for its redelivery
+    gates["b"].set()
+    await asyncio.wait_for(queue.wait_keys_idle(lambda k: k == "b"), 2)
+    assert queue.pending == counted() == 0

@@ -204,6 +204,31 @@ async def test_a_follower_started_late_reads_what_is_there(
     assert [(k, v) for k, v, _ in changes] == [("a", "a"), ("b", None)]
 
 
+async def test_a_watch_hands_back_the_stores_own_writes_unparsed(
+    things: store.Store[Thing],
+) -> None:
+    """A value this store wrote comes back from its watch as the very object written
+    (not parsed again); another writer's value is parsed."""
+    follower = store.Follower(things)
+    task = asyncio.create_task(follower.run())
+    other = store.Store(things.bucket, Thing)
+    try:
+        await follower.caught_up(timeout=10)
+        mine = Thing(name="mine")
+        await things.put("a", mine)
+        await other.put("b", Thing(name="theirs"))
+        await follower.sync(timeout=10)
+        entry_a, entry_b = follower.get("a"), follower.get("b")
+        assert entry_a is not None and entry_a.value is mine
+        assert entry_b is not None and entry_b.value == Thing(name="theirs")
+        assert not things._written, "nothing is kept once seen"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    await things.put("c", Thing(name="unwatched"))
+    assert not things._written, "nothing is kept while nobody watches"
+
+
 async def test_waiting_for_a_revision_not_written_yet_times_out(
     things: store.Store[Thing], following: store.Follower[Thing]
 ) -> None:

@@ -89,6 +89,7 @@ from opentelemetry import trace
 from flotilla.common import telemetry
 
 provider = telemetry.setup("aggregator")
+assert provider is not None
 assert telemetry.setup("another-name") is provider
 assert trace.get_tracer_provider() is provider
 with trace.get_tracer("t").start_as_current_span("fold status"):
@@ -108,6 +109,39 @@ def test_setup_is_idempotent_global_and_exports(monkeypatch: pytest.MonkeyPatch)
     span = json.loads(done.stdout)
     assert span["name"] == "fold status"
     assert span["resource"]["attributes"]["service.name"] == "aggregator"
+
+
+NO_EXPORTER_SCRIPT = """
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from flotilla.common import telemetry
+
+assert telemetry.setup("scheduler") is None
+assert not isinstance(trace.get_tracer_provider(), TracerProvider)
+incoming = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+with telemetry.process_span("subject", incoming) as span:
+    assert not span.is_recording()
+    sent = telemetry.inject({})
+assert sent["traceparent"].split("-")[1] == "0af7651916cd43dd8448eb211c80319c", sent
+with telemetry.publish_span("subject", {}) as root:
+    assert not root.is_recording()
+    first = telemetry.inject({})["traceparent"]
+    with telemetry.process_span("subject", {"traceparent": first}):
+        second = telemetry.inject({})["traceparent"]
+assert first.split("-")[1] == second.split("-")[1] != "0" * 32, (first, second)
+"""
+
+
+def test_without_an_exporter_no_sdk_is_installed_and_context_still_flows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SDK_DISABLED"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+    done = subprocess.run(
+        [sys.executable, "-c", NO_EXPORTER_SCRIPT], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
 
 
 async def test_spans_reach_an_otlp_http_collector(monkeypatch: pytest.MonkeyPatch) -> None:

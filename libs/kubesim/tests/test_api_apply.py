@@ -9,6 +9,7 @@ import pytest
 from flotilla.kubesim import apply as ssa
 from flotilla.kubesim.errors import ApiError
 from flotilla.kubesim.resources import BUILTIN_TYPES, ResourceType
+from flotilla.kubesim.store import types_from_crd
 
 DEPLOYMENT = next(rt for rt in BUILTIN_TYPES if rt.kind == "Deployment")
 WIDGET = ResourceType("example.com", "v1", "Widget", "widgets", True, custom=True)
@@ -120,3 +121,58 @@ def test_record_update_takes_changed_fields() -> None:
     assert managers["scaler"]["operation"] == "Update"
     assert "f:replicas" in managers["scaler"]["fieldsV1"]["f:spec"]
     assert "a" not in managers
+
+
+def test_a_custom_list_declared_a_map_merges_by_key_between_managers() -> None:
+    """Two managers each apply their own conditions of one custom resource's status
+    (a list declared ``x-kubernetes-list-type: map`` keyed by ``type``): neither
+    removes nor conflicts with the other's."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "status": {
+                "type": "object",
+                "properties": {
+                    "conditions": {
+                        "type": "array",
+                        "x-kubernetes-list-type": "map",
+                        "x-kubernetes-list-map-keys": ["type"],
+                        "items": {"type": "object"},
+                    }
+                },
+            }
+        },
+    }
+    crd = {
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {
+            "group": "example.com",
+            "scope": "Cluster",
+            "names": {"kind": "Widget", "plural": "widgets"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
+        },
+    }
+    (rt,) = types_from_crd(crd)
+    assert rt.keyed_lists == (("conditions", "type"),)
+
+    def status(*types: str) -> dict[str, Any]:
+        conditions = [{"type": t, "status": "True"} for t in types]
+        return {"metadata": {"name": "w"}, "status": {"conditions": conditions}}
+
+    live: dict[str, Any] = {"metadata": {"name": "w"}}
+    live = ssa.apply(
+        live, status("Ready"), rt=rt, manager="syncer", force=False, now=NOW, subresource="status"
+    )
+    for manager, types in (("drain", ("Cordoned", "Drained")), ("drain", ("Cordoned",))):
+        live = ssa.apply(
+            live, status(*types), rt=rt, manager=manager, force=False, now=NOW, subresource="status"
+        )
+    assert [c["type"] for c in live["status"]["conditions"]] == ["Ready", "Cordoned"]
+    assert WIDGET.list_key("conditions") is None  # no schema: still atomic

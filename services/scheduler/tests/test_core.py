@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from flotilla.common import capacity
 from flotilla.common.api import PlacementState, Strategy
 from flotilla.common.events import ClusterPlacement, PlacementDecided
-from flotilla.scheduler.core import schedule
+from flotilla.scheduler.core import release_retiring, schedule
 from flotilla.scheduler.model import Code, Decision, Fleet, SchedulingInput
 
 from .builders import (
@@ -130,7 +130,7 @@ def test_unusable_cluster_is_rejected_with_the_right_reason(
     assert active(decision) == {"ok": 3}
     verdict = decision.rejections["x"]
     assert (verdict.unit, verdict.reason, verdict.code) == (unit, reason, Code.UNSCHEDULABLE)
-    assert decision.rejection_reasons() == {"x": [f"{unit}: {reason}"]}
+    assert decision.rejection_reasons() == {f"{unit}: {reason}": ["x"]}
 
 
 def test_nowhere_to_go_is_unschedulable_with_every_reason() -> None:
@@ -150,7 +150,8 @@ def test_nowhere_to_go_is_unschedulable_with_every_reason() -> None:
     assert (
         decision.reason == "no cluster can take it: 3 of 3 rejected (cordon 1, ready 1, taints 1)"
     )
-    assert set(decision.rejection_reasons()) == {"a", "b", "c"}
+    grouped = decision.rejection_reasons()
+    assert sorted(name for names in grouped.values() for name in names) == ["a", "b", "c"]
 
 
 def test_empty_fleet() -> None:
@@ -332,7 +333,9 @@ def test_to_event_carries_the_decision() -> None:
     assert event.decision_id == decision.decision_id
     assert event.clusters == [ClusterPlacement(cluster="b", replicas=3)]
     assert event.previous == list(previous)
-    assert event.rejections == {"a": ["cordon: cordoned (spec.unschedulable); no new placements"]}
+    assert event.rejected == {"cordon: cordoned (spec.unschedulable); no new placements": ["a"]}
+    assert event.rejections == {}, "the per-cluster shape is no longer sent"
+    assert event.reasons_for("a") == ["cordon: cordoned (spec.unschedulable); no new placements"]
     assert event.ref.key == "apps/v1/Deployment/default/web"
 
 
@@ -467,7 +470,7 @@ def test_input_with_its_own_fleet_decides_like_a_shared_one() -> None:
         shared.analyzed,
         policy=None,
         clusters=[c.build() for c in reversed(clusters)],
-        snapshot=shared.fleet.snapshot,
+        snapshot=shared.fleet,
         now=NOW,
     )
     assert schedule(own) == schedule(shared)
@@ -479,3 +482,123 @@ def test_naive_now_is_taken_as_utc() -> None:
     inp = make_input(make_pod(), clusters, previous=placed(("a", 1)), policy=tolerated)
     naive = dataclasses.replace(inp, now=NOW.replace(tzinfo=None) + timedelta(minutes=2))
     assert active(schedule(naive)) == {"b": 1}
+
+
+def _decided(*placements: tuple[str, PlacementState]) -> PlacementDecided:
+    return PlacementDecided(
+        ref=make_deployment(replicas=6).ref,
+        decision_id="d1",
+        clusters=[ClusterPlacement(cluster=c, replicas=3, state=s) for c, s in placements],
+        reason="spread",
+    )
+
+
+A, R = PlacementState.ACTIVE, PlacementState.RETIRING
+
+
+@pytest.mark.parametrize(
+    ("placements", "released", "left"),
+    [
+        ([("a", A), ("b", A), ("c", R)], ["c"], [("a", A), ("b", A)]),
+        ([("a", A), ("c", R), ("d", R)], ["c", "d"], [("a", A)]),
+        ([("a", A), ("c", R), ("d", R)], ["d"], [("a", A), ("c", R)]),
+        ([("a", A), ("c", A)], ["c"], [("a", A), ("c", A)]),
+        ([("a", A), ("c", R)], ["x"], [("a", A), ("c", R)]),
+    ],
+    ids=[
+        "one-retiring-released",
+        "two-retiring-released",
+        "only-the-named-one",
+        "active-entry-is-never-released",
+        "unknown-cluster-changes-nothing",
+    ],
+)
+def test_release_retiring_drops_only_the_named_retiring_entries(
+    placements: list[tuple[str, PlacementState]],
+    released: list[str],
+    left: list[tuple[str, PlacementState]],
+) -> None:
+    decided = _decided(*placements)
+    result = release_retiring(decided, released)
+    assert [(p.cluster, p.state) for p in result.clusters] == left
+    if left == placements:
+        assert result is decided
+    else:
+        assert result.decision_id != decided.decision_id
+        assert result.previous == decided.clusters
+        assert result.ref == decided.ref and not result.deleted
+        assert result == release_retiring(decided, released)  # deterministic
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    clusters=fleets(),
+    policy=policies(),
+    replicas=st.integers(0, 12),
+    held=st.lists(st.tuples(st.integers(0, 6), st.integers(1, 5)), max_size=3),
+    patches=st.lists(
+        st.lists(
+            st.tuples(st.integers(0, 6), st.one_of(st.none(), st.integers(0, 4000))),
+            min_size=1,
+            max_size=3,
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_patched_fleet_decides_like_a_fresh_one(
+    clusters: list[ClusterBuilder],
+    policy: PolicyBuilder | None,
+    replicas: int,
+    held: list[tuple[int, int]],
+    patches: list[list[tuple[int, int | None]]],
+) -> None:
+    """A fleet patched record by record (warm memos in between) decides exactly as a
+    fleet built fresh from the final records: same decision, same decision_id."""
+    objects = [
+        make_deployment(replicas=replicas).with_requests(cpu="500m"),
+        make_daemonset(),
+        make_pod().with_requests(cpu="1"),
+    ]
+    previous = placed(*{f"c{i}": n for i, n in held}.items())
+    patched = fleet(*clusters)
+    records = {c.name: c.record() for c in clusters}
+    for patch in patches:
+        for obj in objects:  # warm every memo on the current records
+            schedule(make_input(obj, patched, policy=policy, previous=previous))
+        change: dict[str, capacity.ClusterCapacity | None] = {}
+        for index, reserved_cpu in patch:
+            name = f"c{index}"
+            if name not in records:
+                continue
+            base = next(c for c in clusters if c.name == name).record()
+            change[name] = (
+                None
+                if reserved_cpu is None or base is None
+                else base.model_copy(update={"reserved": {"cpu": reserved_cpu, "pods": 1}})
+            )
+        records.update(change)
+        patched.patch(change)
+    snapshot = capacity.Snapshot(
+        clusters={n: r for n, r in records.items() if r is not None}, taken_at=NOW.timestamp()
+    )
+    fresh = Fleet([c.build() for c in clusters], snapshot)
+    assert patched.fingerprint == fresh.fingerprint
+    for obj in objects:
+        warm = schedule(make_input(obj, patched, policy=policy, previous=previous))
+        cold = schedule(make_input(obj, fresh, policy=policy, previous=previous))
+        assert warm == cold
+        assert warm.decision_id == cold.decision_id
+        assert list(warm.rejections) == list(cold.rejections)
+
+
+def test_rejections_are_sent_once_per_reason() -> None:
+    """Twenty clusters turned down for the same taint are one reason with twenty
+    names on the event, not twenty copies of the line."""
+    clusters = [make_cluster(f"t{i:02d}").with_taint("gpu") for i in range(20)]
+    clusters.append(make_cluster("ok"))
+    event = schedule(make_input(make_pod(), clusters)).to_event()
+    (reason,) = event.rejected
+    assert event.rejected[reason] == [f"t{i:02d}" for i in range(20)]
+    assert event.reasons_for("t07") == [reason]
+    assert event.reasons_for("ok") == []

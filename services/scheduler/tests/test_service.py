@@ -266,6 +266,8 @@ async def test_unschedulable_is_pending_and_retried_when_a_record_could_help(
     assert not record.schedulable and record.clusters == ()
     assert record.decided.reason.startswith("no cluster can take it")
     assert harness.scheduler.index.waiting() == {big.ref.key}
+    assert harness.reporter.warnings == [], "never written on the decision path"
+    assert await harness.scheduler.notices.flush() == 1
     assert harness.reporter.warnings == [("big", "Unschedulable", record.decided.reason)]
 
     await harness.cache.put(small("a", "4").record())  # type: ignore[arg-type]
@@ -278,6 +280,7 @@ async def test_unschedulable_is_pending_and_retried_when_a_record_could_help(
     assert harness.active(record) == {"a": 1}
     assert harness.scheduler.index.waiting() == set()
     assert len(await harness.decided(big.ref.key)) == 2
+    await harness.scheduler.notices.flush()
     assert len(harness.reporter.warnings) == 1, "a placed object is not warned about"
 
 
@@ -303,6 +306,34 @@ async def test_cordon_and_evict_after_reevaluate_nothing_and_avoid_clusters_move
     record = await harness.record(web.ref.key)
     assert harness.active(record) == {"b": 2}
     assert {p.cluster: p.state for p in record.clusters}["a"] == "Retiring"
+
+
+async def test_release_retiring_drops_the_retiring_copy_and_nothing_else(
+    harness: Harness,
+) -> None:
+    """``release_retiring`` removes the Retiring entry by compare-and-set, publishes
+    the placement without it, and a redelivered command publishes the same again."""
+    await harness.cluster(small("a", "4"))
+    web = make_deployment("web", replicas=2).build()
+    await harness.analyzed(web)
+    await harness.cluster(small("b", "4"))
+    old = "a"
+    await harness.handle(reschedule(web, "drain", avoid=[old]))
+    moved = await harness.record(web.ref.key)
+    command = RescheduleRequested(ref=web.ref, reason="ready", release_retiring=[old])
+    release = events.envelope(command, key=web.ref.key, producer="test", dedupe=("release",))
+    await harness.handle(release)
+    released = await harness.record(web.ref.key)
+    assert [(p.cluster, p.state) for p in released.clusters] == [
+        (p.cluster, p.state) for p in moved.clusters if p.state == "Active"
+    ]
+    assert released.analyzed == moved.analyzed
+    last = (await harness.decided(web.ref.key))[-1]
+    assert last == released.decided and old not in {p.cluster for p in last.clusters}
+    count = len(await harness.decided(web.ref.key))
+    await harness.handle(release)  # redelivered: the same decision again, deduplicated
+    assert len(await harness.decided(web.ref.key)) == count
+    assert (await harness.record(web.ref.key)).decided == released.decided
 
 
 async def test_label_change_reevaluates_objects_whose_selector_mentions_it(
@@ -507,14 +538,8 @@ async def test_scale_up_in_place_that_cannot_fit_keeps_the_placement_pending(
     assert [r.replicas for r in await harness.cache.reservations("a")] == [4]
 
 
-async def test_shared_snapshot_sees_the_replicas_own_claims(
-    nats_server: NatsServer, unique: str
-) -> None:
-    """Within `snapshot_max_age` the snapshot is not read whole again, yet the next
-    decision sees the previous one's claim: the clusters it touched are re-read."""
-    cache = FakeCapacityCache()
-    bus, scheduler, tasks = await open_scheduler(nats_server.url, f"s{unique}", cache)
-    scheduler.snapshot_max_age = 3600.0
+def count_snapshots(cache: FakeCapacityCache) -> list[list[str] | None]:
+    """Record every snapshot read of `cache` from now on (None: a whole read)."""
     reads: list[list[str] | None] = []
     real_snapshot = cache.snapshot
 
@@ -523,14 +548,27 @@ async def test_shared_snapshot_sees_the_replicas_own_claims(
         return await real_snapshot(clusters)
 
     cache.snapshot = counting  # type: ignore[method-assign]
-    claims: list[bool] = []
-    real_reserve = cache.reserve
+    return reads
 
-    async def claiming(*args: Any) -> bool:
-        claims.append(await real_reserve(*args))
-        return claims[-1]
 
-    cache.reserve = claiming  # type: ignore[method-assign,assignment]
+async def test_shared_snapshot_sees_the_replicas_own_claims(
+    nats_server: NatsServer, unique: str
+) -> None:
+    """Within `snapshot_max_age` the snapshot is not read again, not even partly, yet
+    the next decision sees the previous one's claim: the replica counts its own
+    claims in locally, so the second decision knew the cluster was full."""
+    cache = FakeCapacityCache()
+    bus, scheduler, tasks = await open_scheduler(nats_server.url, f"s{unique}", cache)
+    scheduler.snapshot_max_age = 3600.0
+    reads = count_snapshots(cache)
+    refusals: list[set[str]] = []
+    real_claim = cache.claim
+
+    async def claiming(*args: Any, **kwargs: Any) -> set[str]:
+        refusals.append(await real_claim(*args, **kwargs))
+        return refusals[-1]
+
+    cache.claim = claiming  # type: ignore[method-assign]
     try:
         harness = Harness(bus, scheduler, cache)
         await harness.cluster(small("a", "3"))
@@ -542,10 +580,37 @@ async def test_shared_snapshot_sees_the_replicas_own_claims(
         (where_first,) = harness.active(await harness.record(first.ref.key))
         (where_second,) = harness.active(await harness.record(second.ref.key))
         assert {where_first, where_second} == {"a", "b"}
-        # One whole read, then only the cluster the first decision claimed on, and
-        # the second decision knew it was full before claiming (nothing refused).
-        assert reads == [None, [where_first]]
-        assert claims == [True, True]
+        # One whole read (the fleet built once), then nothing: one claim script per
+        # decision, and neither was refused.
+        assert reads == [None]
+        assert refusals == [set(), set()]
+    finally:
+        await close(bus, tasks)
+
+
+async def test_a_refused_claim_rereads_only_the_clusters_it_touched(
+    nats_server: NatsServer, unique: str
+) -> None:
+    """Another replica's claim is not in this replica's read model: the refused claim
+    changes nothing, the clusters it touched are re-read, and the object goes where
+    there is room."""
+    cache = FakeCapacityCache()
+    bus, scheduler, tasks = await open_scheduler(nats_server.url, f"s{unique}", cache)
+    scheduler.snapshot_max_age = 3600.0
+    try:
+        harness = Harness(bus, scheduler, cache)
+        await harness.cluster(small("a", "8"))
+        await harness.cluster(small("b", "2"))
+        warm = make_pod("warm").with_requests(cpu="100m").build()
+        await harness.analyzed(warm)  # builds the fleet
+        assert await cache.reserve("a", "other-replica", {"cpu": 7000}, 1, 600)
+        reads = count_snapshots(cache)
+        pod = make_pod("p").with_requests(cpu="1500m").build()
+        await harness.analyzed(pod)
+        assert harness.active(await harness.record(pod.ref.key)) == {"b": 1}
+        assert reads == [["a"]]
+        assert {r.id for r in await cache.reservations("a")} >= {"other-replica"}
+        assert pod.ref.key not in {r.id for r in await cache.reservations("a")}
     finally:
         await close(bus, tasks)
 
@@ -790,7 +855,7 @@ async def test_replicas_without_requests_are_bounded_by_pods_and_absurd_counts_d
     await harness.analyzed(anywhere)
     record = await harness.record(anywhere.ref.key)
     assert not record.schedulable
-    assert record.decided.rejections["a"] == ["capacity: room for 0 of 10000000 replicas (pods=1)"]
+    assert record.decided.reasons_for("a") == ["capacity: room for 0 of 10000000 replicas (pods=1)"]
 
     # A new cluster: the partly placed object grows onto it, as far as its pods go.
     await harness.cluster(roomy("c", 1))
@@ -803,6 +868,7 @@ async def test_replicas_without_requests_are_bounded_by_pods_and_absurd_counts_d
     await harness.analyzed(web)
     assert harness.active(await harness.record(web.ref.key)) == {"w": 2}
 
+    await harness.scheduler.notices.flush()
     reasons = {(name, reason) for name, reason, _ in harness.reporter.warnings}
     assert ("many", "PartiallyScheduled") in reasons
     assert ("huge", "PartiallyScheduled") in reasons
@@ -888,3 +954,21 @@ async def test_a_restarted_replica_never_publishes_a_decision_twice(
         assert (await after.record(agent.ref.key)).decided == decided[0]
     finally:
         await close(bus, tasks)
+
+
+async def test_a_new_object_is_decided_without_reading_its_record(harness: Harness) -> None:
+    """An index miss is not looked up in the bucket: the create (compare-and-set at
+    revision 0) would fail if a record existed, and the decision is then made again."""
+    await harness.cluster(small("a", "4"))
+    reads: list[str] = []
+    real_get = harness.scheduler.placements.get
+
+    async def counting(key: str) -> Any:
+        reads.append(key)
+        return await real_get(key)
+
+    harness.scheduler.placements.get = counting  # type: ignore[method-assign]
+    web = make_deployment("web", replicas=2).build()
+    await harness.analyzed(web)
+    assert reads == []
+    assert harness.active(await harness.record(web.ref.key)) == {"a": 2}

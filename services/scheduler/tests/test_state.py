@@ -199,13 +199,22 @@ def test_clusters_view_keeps_the_newest() -> None:
     assert view.version == 11
 
 
-def pending_on(rejection: str | None, requests: dict[str, int]) -> PlacementRecord:
-    """A Pending split object whose last decision turned cluster c1 down with `rejection`."""
+def pending_on(
+    rejection: str | None, requests: dict[str, int], *, grouped: bool = True
+) -> PlacementRecord:
+    """A Pending split object whose last decision turned cluster c1 down with `rejection`
+    (grouped by reason, as sent now, or per cluster, as older decisions were)."""
     analyzed = make_deployment("p", replicas=2).build().model_copy(update={"requests": requests})
-    rejections = {"c1": [rejection]} if rejection else {}
-    decided = PlacementDecided(
-        ref=analyzed.ref, decision_id="d", clusters=[], rejections=rejections
-    )
+    if grouped:
+        rejected = {rejection: ["c0", "c1"]} if rejection else {}
+        decided = PlacementDecided(
+            ref=analyzed.ref, decision_id="d", clusters=[], rejected=rejected
+        )
+    else:
+        rejections = {"c1": [rejection]} if rejection else {}
+        decided = PlacementDecided(
+            ref=analyzed.ref, decision_id="d", clusters=[], rejections=rejections
+        )
     return PlacementRecord(
         key=analyzed.ref.key, analyzed=analyzed, decided=decided, schedulable=False, pending=2
     )
@@ -221,20 +230,22 @@ HELPED_CASES = [
 ]
 
 
+@pytest.mark.parametrize("grouped", [True, False], ids=["by-reason", "per-cluster"])
 @pytest.mark.parametrize(
     ("rejection", "requests", "helped"),
     [case[1:] for case in HELPED_CASES],
     ids=[case[0] for case in HELPED_CASES],
 )
 def test_a_capacity_record_helps_pending_objects_it_could_place(
-    rejection: str | None, requests: dict[str, int], helped: bool
+    rejection: str | None, requests: dict[str, int], helped: bool, grouped: bool
 ) -> None:
     room = make_cluster("c1").with_room(1, cpu="4", memory="8Gi").record()
     assert room is not None
     if requests.get("pods") == 0:
         room = room.model_copy(update={"available": {**room.available, "pods": 0}})
         requests = {}
-    assert state.helped_by(pending_on(rejection, requests), "c1", room) is helped
+    record = pending_on(rejection, requests, grouped=grouped)
+    assert state.helped_by(record, "c1", room) is helped
 
 
 @pytest.mark.parametrize(
@@ -318,3 +329,16 @@ def test_clusters_view_remembers_removed_clusters_until_forgotten() -> None:
     view.apply("c1", None, 3)
     assert view.removed_before(20.0) == [] and view.get("c1") is None
     assert view.version == 3
+
+
+def test_equal_policies_are_interned_to_one_object_within_a_bound() -> None:
+    interned = state.Interned[api.PlacementPolicySpec](limit=2)
+    first = make_policy().selecting(region="eu").build()
+    again = make_policy().selecting(region="eu").build()
+    other = make_policy().selecting(region="us").build()
+    assert again is not first
+    assert interned.intern(first) is first
+    assert interned.intern(again) is first
+    assert interned.intern(other) is other
+    interned.intern(make_policy().selecting(region="ap").build())  # pushes out the oldest
+    assert interned.intern(again) is again

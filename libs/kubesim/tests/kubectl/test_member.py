@@ -293,3 +293,74 @@ def test_kustomize(member: Kubectl, tmp_path: Path) -> None:
     assert member.out("get", "deploy", "-l", "owner=kustomize", "-o", "name") == (
         "deployment.apps/team-kustomized\n"
     )
+
+
+def test_create_commands_that_send_protobuf(member: Kubectl) -> None:
+    """kubectl's typed `create` commands send protobuf bodies."""
+    assert "namespace/team-pb created" in member.out("create", "namespace", "team-pb")
+    ns = ("-n", "team-pb")
+    created = [
+        member.out(*ns, "create", "configmap", "settings", "--from-literal=mode=fast"),
+        member.out(*ns, "create", "secret", "generic", "creds", "--from-literal=password=s3cret"),
+        member.out(*ns, "create", "serviceaccount", "robot"),
+        member.out(*ns, "create", "deployment", "web", "--image=nginx:1.27", "--replicas=2"),
+        member.out(*ns, "create", "job", "once", "--image=busybox:1.36", "--", "echo", "hi"),
+    ]
+    assert all(line.strip().endswith("created") for line in created), created
+    password = member.out(*ns, "get", "secret", "creds", "-o", "jsonpath={.data.password}")
+    assert password == "czNjcmV0"
+    assert member.out(*ns, "get", "configmap", "settings", "-o", "jsonpath={.data.mode}") == "fast"
+    member.out(*ns, "wait", "--for=condition=Complete", "job/once", "--timeout=60s")
+    member.out(*ns, "rollout", "status", "deploy/web", "--timeout=60s")
+    deleted = member.out(*ns, "delete", "configmap", "settings")
+    assert 'configmap "settings" deleted' in deleted
+
+
+def test_describe_shows_the_events_the_cluster_recorded(member: Kubectl) -> None:
+    member.out("apply", "-f", "-", stdin=deployment("evented", replicas=1))
+    member.out("rollout", "status", "deploy/evented", "--timeout=60s")
+
+    def recorded() -> tuple[str, str]:
+        return (
+            member.out("describe", "pod", "-l", "app=evented"),
+            member.out("describe", "deploy", "evented"),
+        )
+
+    deadline = time.monotonic() + 30
+    pod, deploy = recorded()
+    while ("Scheduled" not in pod or "ScalingReplicaSet" not in deploy) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+        pod, deploy = recorded()
+    assert "Scheduled" in pod and "Successfully assigned default/evented-" in pod, pod
+    assert "Scaled up replica set evented-" in deploy, deploy
+    created = member.out(
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.kind=ReplicaSet,reason=SuccessfulCreate",
+    )
+    assert "Created pod: evented-" in created
+
+
+def test_drain_evicts_within_a_disruption_budget(member: Kubectl) -> None:
+    member.out("apply", "-f", "-", stdin=deployment("guarded", replicas=3))
+    member.out("rollout", "status", "deploy/guarded", "--timeout=60s")
+    member.out("create", "pdb", "guarded", "--selector=app=guarded", "--min-available=2")
+    node = member.out(
+        "get", "pods", "-l", "app=guarded", "-o", "jsonpath={.items[0].spec.nodeName}"
+    ).strip()
+    try:
+        drained = member.run(
+            "drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=90s"
+        )
+        assert drained.returncode == 0, drained.stderr
+        assert f"node/{node} drained" in drained.stdout, drained.stdout
+        assert "evicted" in drained.stdout
+        on_node = member.out(
+            "get", "pods", "-l", "app=guarded", "--field-selector", f"spec.nodeName={node}"
+        )
+        assert "guarded-" not in on_node
+    finally:
+        member.out("uncordon", node)

@@ -69,7 +69,7 @@ ANNOTATIONS = (
 
 
 class Strategy(enum.StrEnum):
-    """How one object maps onto clusters (ARCHITECTURE.md section 4)."""
+    """How one object maps onto clusters (docs/architecture.md, "Words")."""
 
     SPLIT = "split"
     COPY = "copy"
@@ -409,6 +409,9 @@ class PlacementPolicySpec(_Spec):
     split_by: SplitBy = Field(default=SplitBy.CAPACITY, alias="splitBy")
     weights: list[WeightRule] = Field(default_factory=list)
     failover: Failover | None = None
+    drain_timeout_seconds: int | None = Field(default=None, alias="drainTimeoutSeconds", ge=0)
+    """How long a drained cluster's copy waits for the new copies to be ready before it
+    is removed anyway (with a Warning Event); None: the drain coordinator's default."""
     transformations: list[str] = Field(default_factory=list)
 
     @field_validator("strategy", mode="before")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from flotilla.common.api import ResourceInterpreter
+from flotilla.common.api import PlacementState, ResourceInterpreter
+from flotilla.common.events import ClusterPlacement, ObjectRef, PlacementDecided
 
 
 def manifest(
@@ -121,3 +122,19 @@ def resource_interpreter(name: str = "flink", **spec: Any) -> ResourceInterprete
     body["metadata"]["name"] = name
     body["spec"].update(spec)
     return ResourceInterpreter.model_validate(body)
+
+
+def decided(
+    obj: dict[str, Any],
+    *clusters: tuple[str, int | None, PlacementState],
+    decision_id: str = "d1",
+    reason: str = "",
+) -> PlacementDecided:
+    """The ``PlacementDecided`` a scheduler would publish for `obj` placed on
+    ``(cluster, replicas, state)`` entries."""
+    return PlacementDecided(
+        ref=ObjectRef.of(obj),
+        decision_id=decision_id,
+        clusters=[ClusterPlacement(cluster=c, replicas=n, state=s) for c, n, s in clusters],
+        reason=reason,
+    )

@@ -359,7 +359,6 @@ class Bus:
         sub = await self.js.pull_subscribe("", stream=stream, config=config)
         count = 0
         timeouts = 0
-        read = 0
         try:
             while True:
                 try:
@@ -367,7 +366,7 @@ class Bus:
                 except TimeoutError:  # nats-py raises its own and asyncio's bare one
                     # Nothing within the wait: either nothing more matches (done) or
                     # the server or the network was slow; only the consumer knows.
-                    if await _exhausted(sub, read):
+                    if await _exhausted(sub, count):
                         return
                     timeouts += 1
                     if timeouts >= REPLAY_ATTEMPTS:
@@ -377,7 +376,6 @@ class Bus:
                     continue
                 timeouts = 0
                 for msg in batch:
-                    read = msg.metadata.sequence.stream
                     yield msg
                     count += 1
                     if msg.metadata.sequence.stream >= last or (limit and count >= limit):
@@ -387,16 +385,18 @@ class Bus:
                 await sub.unsubscribe()
 
 
-async def _exhausted(sub: JetStreamContext.PullSubscription, read: int) -> bool:
+async def _exhausted(sub: JetStreamContext.PullSubscription, received: int) -> bool:
     """Whether a reading consumer has nothing left: nothing pending on the server,
-    and nothing delivered that has not been read (a late answer to a fetch that
-    timed out waits in the subscription for the next fetch)."""
+    and nothing delivered that has not been received (a late answer to a fetch that
+    timed out waits in the subscription for the next fetch). Counted in the
+    consumer's own sequence: its stream position starts before the window, so a
+    window with nothing in it has delivered nothing."""
     try:
         info = await sub.consumer_info()
     except (nats.errors.Error, OSError) as exc:
         raise Unavailable(f"replay consumer lost: {exc}") from exc
-    delivered = info.delivered.stream_seq if info.delivered is not None else 0
-    return not info.num_pending and (delivered or 0) <= read
+    delivered = info.delivered.consumer_seq if info.delivered is not None else 0
+    return not info.num_pending and (delivered or 0) <= received
 
 
 def _too_large(exc: BaseException) -> bool:

@@ -42,7 +42,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -110,6 +111,17 @@ class ClusterCapacity(_Model):
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """One reservation a decision asks for: `replicas` pods of `per_replica` on
+    `cluster`, held under `reservation_id` (claiming an id again replaces it)."""
+
+    cluster: str
+    reservation_id: str
+    per_replica: Requests
+    replicas: int
+
+
 class Snapshot(_Model):
     """Every cluster's capacity as read in one round trip at `taken_at`."""
 
@@ -118,6 +130,21 @@ class Snapshot(_Model):
 
     def get(self, cluster: str) -> ClusterCapacity | None:
         return self.clusters.get(cluster)
+
+
+def uniform(
+    cluster: str, node: Mapping[str, int], count: int, *, observed_at: float
+) -> ClusterCapacity:
+    """The record of a cluster of `count` identical, empty nodes (``<cluster>-n<i>``):
+    what a fresh simulated member reports."""
+    nodes = [
+        NodeCapacity(name=f"{cluster}-n{i}", allocatable=dict(node), free=dict(node))
+        for i in range(count)
+    ]
+    total = add(*(n.free for n in nodes))
+    return ClusterCapacity(
+        cluster=cluster, allocatable=total, available=total, nodes=nodes, observed_at=observed_at
+    )
 
 
 def pod_shape(per_replica: Mapping[str, int]) -> Requests:
@@ -196,6 +223,22 @@ class CapacityCache(Protocol):
         Reserving an id that is already held replaces it, so retries are harmless.
         """
 
+    async def claim(
+        self,
+        claims: Sequence[Claim],
+        ttl: float,
+        *,
+        releases: Sequence[tuple[str, str]] = (),
+        check: bool = True,
+    ) -> set[str]:
+        """One decision's reservations at once, all or nothing: every claim (several
+        on one cluster count together) and every ``(cluster, id)`` release.
+
+        Returns the clusters that refused (unknown, or the claims do not fit), and
+        then nothing changed; an empty set means everything was applied. With
+        ``check=False`` nothing is refused (putting reservations back as they were).
+        """
+
     async def release(self, cluster: str, reservation_id: str) -> None:
         """Drop one reservation; releasing an unknown id is not an error."""
 
@@ -256,26 +299,50 @@ class FakeCapacityCache:
         replicas: int,
         ttl: float,
     ) -> bool:
+        return not await self.claim([Claim(cluster, reservation_id, per_replica, replicas)], ttl)
+
+    async def claim(
+        self,
+        claims: Sequence[Claim],
+        ttl: float,
+        *,
+        releases: Sequence[tuple[str, str]] = (),
+        check: bool = True,
+    ) -> set[str]:
         self._check()
-        validate_reservation(per_replica, replicas, ttl)
+        for one in claims:
+            validate_reservation(one.per_replica, one.replicas, ttl)
         now = self.clock()
-        record = self._records.get(cluster)
-        if record is None:
-            return False
-        held = self._live(cluster, now)
-        others = add(*(r.total for rid, r in held.items() if rid != reservation_id))
-        headroom = {r: amount - others.get(r, 0) for r, amount in record.available.items()}
-        fit = fit_replicas(per_replica, headroom=headroom, node_free=[n.free for n in record.nodes])
-        if replicas > 0 and fit < replicas:
-            return False
-        held[reservation_id] = Reservation(
-            id=reservation_id,
-            cluster=cluster,
-            requests=dict(per_replica),
-            replicas=replicas,
-            expires_at=now + ttl,
-        )
-        return True
+        # Judged on copies, applied only when nothing refused.
+        trial = {one.cluster: dict(self._live(one.cluster, now)) for one in claims}
+        refused: set[str] = set()
+        for one in claims:
+            held = trial[one.cluster]
+            record = self._records.get(one.cluster)
+            if record is None:
+                if check:
+                    refused.add(one.cluster)
+            elif check and one.replicas > 0:
+                others = add(*(r.total for rid, r in held.items() if rid != one.reservation_id))
+                headroom = {r: n - others.get(r, 0) for r, n in record.available.items()}
+                fit = fit_replicas(
+                    one.per_replica, headroom=headroom, node_free=[n.free for n in record.nodes]
+                )
+                if fit < one.replicas:
+                    refused.add(one.cluster)
+            held[one.reservation_id] = Reservation(
+                id=one.reservation_id,
+                cluster=one.cluster,
+                requests=dict(one.per_replica),
+                replicas=one.replicas,
+                expires_at=now + ttl,
+            )
+        if refused:
+            return refused
+        self._reservations.update(trial)
+        for cluster, reservation_id in releases:
+            self._reservations.get(cluster, {}).pop(reservation_id, None)
+        return set()
 
     async def release(self, cluster: str, reservation_id: str) -> None:
         self._check()
@@ -298,6 +365,7 @@ __all__ = [
     "PODS",
     "UNBOUNDED",
     "CapacityCache",
+    "Claim",
     "ClusterCapacity",
     "FakeCapacityCache",
     "NodeCapacity",

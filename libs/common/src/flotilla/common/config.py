@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,6 +23,26 @@ ENV_PREFIX = "FLOTILLA_"
 
 
 DEFAULT_SYSTEM_NAMESPACE = "flotilla-system"
+
+HEALTH_PORTS = {
+    "watcher": 8081,
+    "depdetector": 8082,
+    "scheduler": 8083,
+    "transformer": 8084,
+    "syncer": 8085,
+    "aggregator": 8086,
+    "drain": 8087,
+}
+"""Each service's default health port, so all seven run side by side on one machine
+without configuration (``FLOTILLA_HEALTH_PORT`` still overrides)."""
+
+
+def service_defaults(service: str, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Overrides `load` applies for a named service: its own health port, unless the
+    environment sets one."""
+    if f"{ENV_PREFIX}HEALTH_PORT" in environ or service not in HEALTH_PORTS:
+        return {}
+    return {"health_port": HEALTH_PORTS[service]}
 
 
 class Settings(BaseSettings):

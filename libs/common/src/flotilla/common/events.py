@@ -4,7 +4,7 @@ Every message on the bus is one `Envelope`: who produced it, when, for which
 object (`key`, `uid`), at which `generation`/`revision`, and one typed payload.
 Payloads carry the *full desired state* for their key, never a delta, so a
 handler can process any event twice, late or out of order and converge (see
-ARCHITECTURE.md, principle 1).
+docs/architecture.md, "Rules every service follows").
 
 Names follow the house rule: events are past tense (`PlacementDecided`), commands
 imperative (`RescheduleRequested` is the one command, phrased as the request that
@@ -204,9 +204,28 @@ class PlacementDecided(Payload):
     reason: str = ""
     rejections: dict[str, list[str]] = Field(
         default_factory=dict,
-        description="cluster → why it was not chosen; what `describe` shows",
+        description="cluster → why it was not chosen (what older producers send; "
+        "current ones send `rejected`)",
+    )
+    rejected: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="why clusters were not chosen → those clusters, each reason once; "
+        "what `describe` shows",
     )
     deleted: bool = False
+
+    def rejected_clusters(self) -> list[str]:
+        """Every cluster that was not chosen, sorted, whichever shape the producer sent."""
+        names = set(self.rejections)
+        for clusters in self.rejected.values():
+            names.update(clusters)
+        return sorted(names)
+
+    def reasons_for(self, cluster: str) -> list[str]:
+        """Why `cluster` was not chosen, whichever shape the producer sent."""
+        found = list(self.rejections.get(cluster, ()))
+        found.extend(reason for reason, names in self.rejected.items() if cluster in names)
+        return found
 
 
 class WorkRendered(Payload):

@@ -410,7 +410,9 @@ def _sum(*fields: str) -> list[dict[str, str]]:
     return [{"path": f".status.{field}", "op": "sum"} for field in fields]
 
 
-_WORKLOAD_STATUS = _sum("replicas", "readyReplicas", "availableReplicas", "updatedReplicas")
+_WORKLOAD_STATUS = _sum(
+    "replicas", "readyReplicas", "availableReplicas", "updatedReplicas", "unavailableReplicas"
+)
 _TEMPLATE = {"path": ".spec.template"}
 _SECRET = {"apiVersion": "v1", "kind": "Secret"}
 
@@ -429,7 +431,7 @@ BUILTINS: tuple[ResourceInterpreterSpec, ...] = (
         Strategy.SPLIT,
         replicas={"path": ".spec.replicas"},
         podTemplate=_TEMPLATE,
-        statusAggregation=_sum("replicas", "readyReplicas", "availableReplicas"),
+        statusAggregation=[*_WORKLOAD_STATUS, *_sum("fullyLabeledReplicas")],
     ),
     _builtin(
         "apps/v1",
@@ -437,7 +439,7 @@ BUILTINS: tuple[ResourceInterpreterSpec, ...] = (
         Strategy.ANY,
         replicas={"path": ".spec.replicas"},
         podTemplate=_TEMPLATE,
-        statusAggregation=_sum("replicas", "readyReplicas", "currentReplicas", "updatedReplicas"),
+        statusAggregation=[*_WORKLOAD_STATUS, *_sum("currentReplicas")],
         # The governing (headless) Service must exist for the pods' DNS names.
         dependencies=[{"path": ".spec.serviceName", "apiVersion": "v1", "kind": "Service"}],
     ),

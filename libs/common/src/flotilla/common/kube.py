@@ -176,6 +176,13 @@ async def hub_client(settings: Settings) -> ApiClient:
     return await client_from_kubeconfig(settings.hub_kubeconfig, timeouts=Timeouts.of(settings))
 
 
+async def hub_dynamic(settings: Settings) -> tuple[ApiClient, DynamicClient]:
+    """`hub_client` and a DynamicClient over it (discovery on first use); the caller
+    closes the ApiClient."""
+    api = await hub_client(settings)
+    return api, await DynamicClient(api)
+
+
 def _read_kubeconfig(path: str | Path | None) -> tuple[Any, str]:
     """The parsed file and its directory (relative certificate paths start there).
     Read once at start-up, so reading synchronously costs nothing."""
@@ -311,6 +318,35 @@ def checked(result: Any) -> JsonObject:
         exc.body = json.dumps(body).encode()
         raise exc
     return body
+
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+async def get_or_none(
+    dyn: DynamicClient, resource: Any, name: str, namespace: str | None = None
+) -> JsonObject | None:
+    """The object, None when it does not exist, else the failure translated."""
+    try:
+        return checked(
+            await dyn.get(resource, name=name, namespace=namespace if resource.namespaced else None)
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise translate(exc) from exc
+    except Exception as exc:
+        raise translate(exc) from exc
+
+
+async def merge_patch(
+    dyn: DynamicClient, resource: Any, patch: JsonObject, name: str, namespace: str | None = None
+) -> JsonObject:
+    """A JSON merge patch (RFC 7386); an API failure is raised as the `ApiException`
+    it is, so the caller can tell a 404 or 409 from the rest."""
+    return checked(
+        await dyn.patch(resource, patch, name=name, namespace=namespace, content_type=MERGE_PATCH)
+    )
 
 
 def translate(exc: BaseException) -> FlotillaError:

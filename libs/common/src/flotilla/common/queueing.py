@@ -84,11 +84,15 @@ class KeyedQueue(Generic[D]):
         self._idle = asyncio.Event()
         self._idle.set()
         self._progress = asyncio.Event()
+        self._pending = 0
 
     @property
     def pending(self) -> int:
-        """Deliveries accepted and not yet finished (for fetch backpressure)."""
-        return sum(len(k.waiting) + (k.running is not None) for k in self._keys.values())
+        """Deliveries accepted and not yet finished (for fetch backpressure).
+
+        Counted as they come and go rather than summed over the keys: every fetcher
+        asks after every completion."""
+        return self._pending
 
     def submit(self, delivery: D) -> None:
         if self._closing:
@@ -103,6 +107,7 @@ class KeyedQueue(Generic[D]):
             state.parked_on = None
         else:
             state.waiting.append(delivery)
+        self._pending += 1
         self._idle.clear()
         self._ensure_keeper()
         self._wake(delivery.key, state)
@@ -121,6 +126,7 @@ class KeyedQueue(Generic[D]):
             except Exception:  # the processor maps errors; this is a last line of defence
                 log.exception("processing %s#%s crashed", key, delivery.sequence)
                 outcome = Retry(delay=1.0)
+            self._pending -= 1
             if isinstance(outcome, Retry):
                 state.parked_on = delivery.sequence
                 state.parked_until = time.monotonic() + outcome.delay + self._park_grace
@@ -137,6 +143,7 @@ class KeyedQueue(Generic[D]):
             candidate = state.waiting.popleft()
             if candidate.sequence > state.last_done:
                 return candidate
+            self._pending -= 1
             self._spawn(self._duplicate(candidate))
         return None
 
@@ -201,6 +208,7 @@ class KeyedQueue(Generic[D]):
             self._keeper.cancel()
             await asyncio.gather(self._keeper, return_exceptions=True)
         self._keys.clear()
+        self._pending = 0
         self._idle.set()
 
     async def wait_for_room(self, limit: int) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from pydantic import SecretStr
 from redis.asyncio import Redis
@@ -20,6 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from flotilla.common.capacity import (
+    Claim,
     ClusterCapacity,
     Requests,
     Reservation,
@@ -31,11 +32,15 @@ from flotilla.common.errors import Unavailable
 # Redis layout, all under one prefix (default ``flotilla:capacity:``):
 #   <prefix>clusters               set of cluster names (what snapshot() with no names reads)
 #   <prefix>cluster:<name>         the record as compact JSON, `reserved` left out
+#   <prefix>available:<name>       its `available` alone (what a claim reads of the record)
+#   <prefix>nodefit:<name>         hash  shape -> replicas of it the nodes hold (a memo
+#                                  of the claim script, cleared when the record changes)
 #   <prefix>reservations:<name>    hash  id -> {"requests": {...}, "replicas": n}
 #   <prefix>expiry:<name>          zset  id -> expires_at (Redis server time, epoch seconds)
 #   <prefix>reserved:<name>        hash  resource -> total units of the live reservations
 # The totals are kept by the scripts on every reserve, release and expiry, so a
-# snapshot and a reserve cost O(resources) per cluster, not O(live reservations).
+# snapshot and a claim cost O(resources) per cluster, not O(live reservations), and
+# a claim decodes neither the record nor its node list once the shape was seen.
 # Amounts stay integers end to end (doubles are exact below 2**53, i.e. 8 PiB).
 
 _LUA_COMMON = """
@@ -72,59 +77,132 @@ local function purge(res_key, exp_key, totals_key)
 end
 """
 
-_RESERVE = (
+_CLAIM = (
     _LUA_COMMON
     + """
--- KEYS: record, reservations hash, expiry zset, totals hash. ARGV: id, body JSON, ttl.
-purge(KEYS[2], KEYS[3], KEYS[4])
-local raw = redis.call('GET', KEYS[1])
-if not raw then return 0 end
-local record = cjson.decode(raw)
-local body = cjson.decode(ARGV[2])
-local shape = with_pod(body.requests)
-
-local headroom = {}
-for r, amount in pairs(record.available) do headroom[r] = amount end
-local totals = redis.call('HGETALL', KEYS[4])
-for i = 1, #totals, 2 do
-  headroom[totals[i]] = (headroom[totals[i]] or 0) - tonumber(totals[i + 1])
+-- One decision's claims, all or nothing. ARGV: prefix, ttl, check ('1': refuse what
+-- does not fit; '0': put back as given, for undoing), number of claims, then per
+-- claim: cluster, id, body JSON, shape signature; then releases: cluster, id.
+-- Returns the clusters that refused (nothing changed then); empty: all applied.
+local prefix = ARGV[1]
+local ttl = tonumber(ARGV[2])
+local check = ARGV[3] == '1'
+local n = tonumber(ARGV[4])
+local claims = {}
+local i = 5
+for c = 1, n do
+  claims[c] = {cluster = ARGV[i], id = ARGV[i + 1], raw = ARGV[i + 2], sig = ARGV[i + 3]}
+  i = i + 4
 end
-local previous = redis.call('HGET', KEYS[2], ARGV[1])
-if previous then  -- re-reserving an id replaces it: its own claim is not in the way
-  local old = cjson.decode(previous)
-  for r, amount in pairs(with_pod(old.requests)) do
-    headroom[r] = (headroom[r] or 0) + amount * old.replicas
-  end
+local releases = {}
+while i < #ARGV do
+  releases[#releases + 1] = {ARGV[i], ARGV[i + 1]}
+  i = i + 2
 end
 
--- how many whole shapes fit into free; nil when the shape requests nothing
-local function count(free)
-  local best = nil
+local UNBOUNDED = 2147483647
+-- how many whole shapes fit into free
+local function count(shape, free)
+  local best = UNBOUNDED
   for r, amount in pairs(shape) do
     if amount > 0 then
       local have = free[r] or 0
       if have < 0 then have = 0 end
-      local n = math.floor(have / amount)
-      if best == nil or n < best then best = n end
+      local k = math.floor(have / amount)
+      if k < best then best = k end
     end
   end
   return best
 end
 
-if body.replicas > 0 then
-  local fit = count(headroom)
-  if fit ~= nil and #record.nodes > 0 then
-    local on_nodes = 0
-    for _, node in ipairs(record.nodes) do on_nodes = on_nodes + count(node.free) end
-    if on_nodes < fit then fit = on_nodes end
+-- per cluster: its keys and its headroom, read once per call
+local clusters = {}
+local function cluster(name)
+  local c = clusters[name]
+  if c then return c end
+  c = {res = prefix .. 'reservations:' .. name, exp = prefix .. 'expiry:' .. name,
+       tot = prefix .. 'reserved:' .. name, fits = prefix .. 'nodefit:' .. name}
+  purge(c.res, c.exp, c.tot)
+  local raw = redis.call('GET', prefix .. 'available:' .. name)
+  if not raw then
+    -- a record written before the available key existed: read it whole once
+    local record = redis.call('GET', prefix .. 'cluster:' .. name)
+    if record then raw = cjson.encode(cjson.decode(record).available) end
   end
-  if fit ~= nil and fit < body.replicas then return 0 end
+  if raw then
+    c.headroom = cjson.decode(raw)
+    local totals = redis.call('HGETALL', c.tot)
+    for j = 1, #totals, 2 do
+      c.headroom[totals[j]] = (c.headroom[totals[j]] or 0) - tonumber(totals[j + 1])
+    end
+  end
+  clusters[name] = c
+  return c
 end
-if previous then count_in(KEYS[4], previous, -1) end
-count_in(KEYS[4], ARGV[2], 1)
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('ZADD', KEYS[3], string.format('%.6f', now + tonumber(ARGV[3])), ARGV[1])
-return 1
+
+-- replicas of a shape the nodes hold, ignoring reservations: fixed until the record
+-- is replaced (put clears the memo), so computed once per record and shape
+local function on_nodes(c, name, shape, sig)
+  local cached = redis.call('HGET', c.fits, sig)
+  if cached then return tonumber(cached) end
+  local fit = UNBOUNDED
+  local record = redis.call('GET', prefix .. 'cluster:' .. name)
+  if record then
+    local nodes = cjson.decode(record).nodes
+    if #nodes > 0 then
+      fit = 0
+      for _, node in ipairs(nodes) do fit = fit + count(shape, node.free) end
+    end
+  end
+  redis.call('HSET', c.fits, sig, fit)
+  return fit
+end
+
+local refused = {}
+for _, claim in ipairs(claims) do
+  local c = cluster(claim.cluster)
+  claim.previous = redis.call('HGET', c.res, claim.id)
+  local body = cjson.decode(claim.raw)
+  local shape = with_pod(body.requests)
+  if check and c.headroom == nil then
+    refused[claim.cluster] = true
+  elseif c.headroom ~= nil then
+    if claim.previous then  -- re-claiming an id replaces it: its own claim is not in the way
+      local old = cjson.decode(claim.previous)
+      for r, amount in pairs(with_pod(old.requests)) do
+        c.headroom[r] = (c.headroom[r] or 0) + amount * old.replicas
+      end
+    end
+    if check and body.replicas > 0 then
+      local fit = count(shape, c.headroom)
+      local nodes = on_nodes(c, claim.cluster, shape, claim.sig)
+      if nodes < fit then fit = nodes end
+      if fit < body.replicas then refused[claim.cluster] = true end
+    end
+    for r, amount in pairs(shape) do
+      c.headroom[r] = (c.headroom[r] or 0) - amount * body.replicas
+    end
+  end
+end
+local out = {}
+for name, _ in pairs(refused) do out[#out + 1] = name end
+if #out > 0 then return out end
+
+for _, claim in ipairs(claims) do
+  local c = clusters[claim.cluster]
+  if claim.previous then count_in(c.tot, claim.previous, -1) end
+  count_in(c.tot, claim.raw, 1)
+  redis.call('HSET', c.res, claim.id, claim.raw)
+  redis.call('ZADD', c.exp, string.format('%.6f', now + ttl), claim.id)
+end
+for _, release in ipairs(releases) do
+  local res, exp = prefix .. 'reservations:' .. release[1], prefix .. 'expiry:' .. release[1]
+  local raw = redis.call('HGET', res, release[2])
+  if raw then count_in(prefix .. 'reserved:' .. release[1], raw, -1) end
+  redis.call('HDEL', res, release[2])
+  redis.call('ZREM', exp, release[2])
+end
+return out
 """
 )
 
@@ -203,7 +281,8 @@ class RedisCapacityCache:
     def __init__(self, client: Redis, *, prefix: str = DEFAULT_PREFIX) -> None:
         self._client = client
         self._prefix = prefix
-        self._reserve = client.register_script(_RESERVE)
+        self._claim = client.register_script(_CLAIM)
+        self._parsed: dict[bytes | str, tuple[bytes | str, ClusterCapacity]] = {}
         self._release = client.register_script(_RELEASE)
         self._snapshot = client.register_script(_SNAPSHOT)
         self._list = client.register_script(_LIST)
@@ -245,14 +324,23 @@ class RedisCapacityCache:
         with _unavailable(f"put {record.cluster}"):
             async with self._client.pipeline(transaction=True) as pipe:
                 pipe.set(self._key("cluster", record.cluster), body)
+                pipe.set(
+                    self._key("available", record.cluster),
+                    json.dumps(record.available, separators=(",", ":")),
+                )
+                pipe.delete(self._key("nodefit", record.cluster))
                 pipe.sadd(f"{self._prefix}clusters", record.cluster)
                 await pipe.execute()
 
     async def remove(self, cluster: str) -> None:
+        self._parsed.pop(cluster, None)
+        self._parsed.pop(cluster.encode(), None)
         with _unavailable(f"remove {cluster}"):
             async with self._client.pipeline(transaction=True) as pipe:
                 pipe.delete(
                     self._key("cluster", cluster),
+                    self._key("available", cluster),
+                    self._key("nodefit", cluster),
                     self._key("reservations", cluster),
                     self._key("expiry", cluster),
                     self._key("reserved", cluster),
@@ -271,8 +359,15 @@ class RedisCapacityCache:
                 keys=[f"{self._prefix}clusters"], args=[self._prefix, *names]
             )
         records = {}
-        for _name, raw, flat in reply[2:]:
-            record = ClusterCapacity.model_validate_json(raw)
+        for name, raw, flat in reply[2:]:
+            # A record is rewritten only when its cluster reports; between reports the
+            # same bytes come back, and are not parsed again.
+            parsed = self._parsed.get(name)
+            if parsed is not None and parsed[0] == raw:
+                record = parsed[1]
+            else:
+                record = ClusterCapacity.model_validate_json(raw)
+                self._parsed[name] = (raw, record)
             reserved: Requests = {}
             for resource, amount in zip(flat[::2], flat[1::2], strict=True):
                 if int(amount):
@@ -288,21 +383,35 @@ class RedisCapacityCache:
         replicas: int,
         ttl: float,
     ) -> bool:
-        validate_reservation(per_replica, replicas, ttl)
-        body = json.dumps(
-            {"requests": dict(per_replica), "replicas": replicas}, separators=(",", ":")
-        )
-        with _unavailable(f"reserve on {cluster}"):
-            done = await self._reserve(
-                keys=[
-                    self._key("cluster", cluster),
-                    self._key("reservations", cluster),
-                    self._key("expiry", cluster),
-                    self._key("reserved", cluster),
-                ],
-                args=[reservation_id, body, repr(float(ttl))],
+        return not await self.claim([Claim(cluster, reservation_id, per_replica, replicas)], ttl)
+
+    async def claim(
+        self,
+        claims: Sequence[Claim],
+        ttl: float,
+        *,
+        releases: Sequence[tuple[str, str]] = (),
+        check: bool = True,
+    ) -> set[str]:
+        for one in claims:
+            validate_reservation(one.per_replica, one.replicas, ttl)
+        args: list[str | int] = [self._prefix, repr(float(ttl)), "1" if check else "0", len(claims)]
+        for one in claims:
+            requests = json.dumps(dict(one.per_replica), separators=(",", ":"), sort_keys=True)
+            args.extend(
+                [
+                    one.cluster,
+                    one.reservation_id,
+                    f'{{"requests":{requests},"replicas":{one.replicas}}}',
+                    requests,
+                ]
             )
-        return bool(done)
+        for cluster, reservation_id in releases:
+            args.extend([cluster, reservation_id])
+        where = ", ".join(sorted({one.cluster for one in claims} | {c for c, _ in releases}))
+        with _unavailable(f"claim on {where}"):
+            refused = await self._claim(keys=[f"{self._prefix}clusters"], args=args)
+        return {_text(name) for name in refused}
 
     def _held_keys(self, cluster: str) -> list[str]:
         return [

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -239,8 +240,9 @@ def main(
     settings_type: type[Settings] = Settings,
 ) -> None:
     """The whole of a service's ``__main__``."""
+    defaults = config.service_defaults(name, os.environ)
     try:
-        settings = config.load(settings_type, service=name)
+        settings = config.load(settings_type, service=name, **defaults)
     except ConfigError as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -197,9 +197,19 @@ class Store(Generic[M]):
     def __init__(self, bucket: Bucket, model: type[M]) -> None:
         self.bucket = bucket
         self.model = model
+        self._watching = 0
+        self._written: dict[str, tuple[bytes, M]] = {}
+        """Key → the bytes and value this store last wrote there, while a watch runs
+        to see them come back (taken out when they do)."""
 
     def _dump(self, value: M) -> bytes:
         return value.model_dump_json(by_alias=True).encode()
+
+    def _own(self, key: str, value: M) -> bytes:
+        data = self._dump(value)
+        if self._watching:
+            self._written[key] = (data, value)
+        return data
 
     def _parse(self, key: str, data: bytes) -> M:
         try:
@@ -215,13 +225,13 @@ class Store(Generic[M]):
 
     async def create(self, key: str, value: M) -> int:
         """Write `value` if `key` holds nothing; its revision, or `Conflict`."""
-        return await self.bucket.create(encode_key(key), self._dump(value))
+        return await self.bucket.create(encode_key(key), self._own(key, value))
 
     async def update(self, key: str, value: M, last: int) -> int:
         """Write `value` if `key` is still at revision `last`; the new revision, or `Conflict`."""
         if last <= 0:
             raise ValueError("update needs the revision read; use create for a new key")
-        return await self.bucket.update(encode_key(key), self._dump(value), last)
+        return await self.bucket.update(encode_key(key), self._own(key, value), last)
 
     async def write(self, key: str, value: M, last: int) -> int:
         """`create` when `last` is 0 (nothing was read), else `update`."""
@@ -231,7 +241,7 @@ class Store(Generic[M]):
 
     async def put(self, key: str, value: M) -> int:
         """Write `value` whatever the key holds (only for data with a single writer)."""
-        return await self.bucket.put(encode_key(key), self._dump(value))
+        return await self.bucket.put(encode_key(key), self._own(key, value))
 
     async def delete(self, key: str, last: int | None = None) -> int:
         """Tombstone `key` if it is still at revision `last` (None: whatever it holds)."""
@@ -249,20 +259,36 @@ class Store(Generic[M]):
 
     async def changes(self) -> AsyncGenerator[Change[M] | None, None]:
         """What the bucket holds (deleted keys as None entries), None once caught up,
-        then every change. An unreadable value is logged and reads as deleted."""
-        async with contextlib.aclosing(self.bucket.watch()) as raws:
-            async for raw in raws:
-                if raw is None:
-                    yield None
-                    continue
-                key = decode_key(raw.key)
-                entry: Entry[M] | None = None
-                if raw.data is not None:
-                    try:
-                        entry = Entry(self._parse(key, raw.data), raw.revision)
-                    except Unreadable as error:
-                        log.warning("%s", error)
-                yield key, entry, raw.revision
+        then every change. An unreadable value is logged and reads as deleted.
+
+        A value this store wrote itself comes back as the object written, not
+        parsed again from its bytes."""
+        self._watching += 1
+        try:
+            async with contextlib.aclosing(self.bucket.watch()) as raws:
+                async for raw in raws:
+                    if raw is None:
+                        yield None
+                        continue
+                    key = decode_key(raw.key)
+                    yield key, self._entry(key, raw), raw.revision
+        finally:
+            self._watching -= 1
+            if not self._watching:
+                self._written.clear()
+
+    def _entry(self, key: str, raw: Raw) -> Entry[M] | None:
+        if raw.data is None:
+            return None
+        own = self._written.get(key)
+        if own is not None and own[0] == raw.data:
+            del self._written[key]
+            return Entry(own[1], raw.revision)
+        try:
+            return Entry(self._parse(key, raw.data), raw.revision)
+        except Unreadable as error:
+            log.warning("%s", error)
+            return None
 
     async def load(self, timeout: float = 10.0) -> dict[str, Entry[M]]:
         """Every live record now, read once."""

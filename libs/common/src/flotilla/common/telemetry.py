@@ -29,8 +29,9 @@ publishing (``publish`` is its deprecated older name, kept as
 from __future__ import annotations
 
 import os
+import random
 import threading
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from typing import Literal
 
@@ -45,9 +46,9 @@ from opentelemetry.sdk.trace.export import (
     ConsoleSpanExporter,
     SpanExporter,
 )
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import Link, Span, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from opentelemetry.util.types import AttributeValue
+from opentelemetry.util.types import Attributes, AttributeValue
 
 MESSAGING_SYSTEM = "messaging.system"
 MESSAGING_DESTINATION_NAME = "messaging.destination.name"
@@ -60,6 +61,7 @@ NATS = "nats"
 _PROPAGATOR = TraceContextTextMapPropagator()
 _lock = threading.Lock()
 _provider: TracerProvider | None = None
+_configured = False
 
 
 def _env(name: str) -> str:
@@ -83,28 +85,82 @@ def exporter_from_env() -> SpanExporter | None:
     return None
 
 
-def build_provider(service_name: str) -> TracerProvider:
-    """A tracer provider configured from the environment, not yet installed globally."""
+def build_provider(service_name: str, exporter: SpanExporter | None = None) -> TracerProvider:
+    """A tracer provider configured from the environment (or with `exporter`), not
+    yet installed globally."""
     resource = Resource.create({SERVICE_NAME: _env("OTEL_SERVICE_NAME") or service_name})
     provider = TracerProvider(resource=resource)
-    exporter = exporter_from_env()
+    exporter = exporter if exporter is not None else exporter_from_env()
     if exporter is not None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
 
 
-def setup(service_name: str) -> TracerProvider:
+class _PropagatingTracer(trace.NoOpTracer):
+    """Records nothing, but keeps traces whole: a span continues the trace it is
+    started in (the same context, handed on as is), and a span started outside any
+    trace begins one (new random ids, not sampled), so every hub change still has
+    one trace id from the watcher to the members."""
+
+    def start_span(
+        self,
+        name: str,
+        context: Context | None = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+    ) -> Span:
+        parent = trace.get_current_span(context).get_span_context()
+        if parent.is_valid:
+            return trace.NonRecordingSpan(parent)
+        return trace.NonRecordingSpan(
+            trace.SpanContext(
+                trace_id=random.getrandbits(128) or 1,
+                span_id=random.getrandbits(64) or 1,
+                is_remote=False,
+                trace_flags=trace.TraceFlags(trace.TraceFlags.DEFAULT),
+            )
+        )
+
+
+class _PropagatingTracerProvider(trace.NoOpTracerProvider):
+    def get_tracer(
+        self,
+        instrumenting_module_name: str,
+        instrumenting_library_version: str | None = None,
+        schema_url: str | None = None,
+        attributes: Attributes = None,
+    ) -> trace.Tracer:
+        return _PROPAGATING
+
+
+_PROPAGATING = _PropagatingTracer()
+
+
+def setup(service_name: str) -> TracerProvider | None:
     """Configure tracing for this process once; later calls return the same provider.
 
-    The provider becomes the global one (OTel allows setting it only once per
-    process), so ``trace.get_tracer(__name__)`` anywhere in the service produces
-    spans that reach the exporter.
+    With an exporter configured, the provider becomes the global one (OTel allows
+    setting it only once per process), so ``trace.get_tracer(__name__)`` anywhere
+    in the service produces spans that reach the exporter. Without one, no SDK
+    provider is built (None is returned): a tracer that records nothing is
+    installed, which hands the incoming W3C context on and starts a trace id where
+    there is none, so whatever a service publishes still carries one trace per
+    hub change.
     """
-    global _provider
+    global _provider, _configured
     with _lock:
-        if _provider is None:
-            _provider = build_provider(service_name)
-            trace.set_tracer_provider(_provider)
+        if not _configured:
+            _configured = True
+            exporter = exporter_from_env()
+            if exporter is not None:
+                _provider = build_provider(service_name, exporter)
+                trace.set_tracer_provider(_provider)
+            else:
+                trace.set_tracer_provider(_PropagatingTracerProvider())
         return _provider
 
 

@@ -1,9 +1,9 @@
 """Pytest plugin: real NATS JetStream and Redis servers, and the shared test habits.
 
-Enabled from the root `conftest.py`. Session-scoped servers are shared by tests
-that only need *a* server (each test isolates itself by unique stream/key names);
-the function-scoped `fresh_nats` / `fresh_redis` belong to one test, which may kill
-and restart them.
+Enabled from the root `conftest.py`. Module-scoped NATS and session-scoped Redis
+servers are shared by tests that only need *a* server (each test isolates itself
+by unique stream/key names); the function-scoped `fresh_nats` / `fresh_redis`
+belong to one test, which may kill and restart them.
 
 Every async test also fails if it leaves asyncio tasks running (kopf's
 ``_no_asyncio_pending_tasks``), and `eventually` is the one way tests wait for an
@@ -29,8 +29,11 @@ from flotilla.common.config import Settings, SettingsT
 from flotilla.common.infra import NatsServer, RedisServer
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def nats_server() -> Iterator[NatsServer]:
+    """One JetStream server per test module: tests share it by unique prefixes, and a
+    module's streams and buckets go away with it (one server holding every test's
+    streams slowed JetStream down enough to time tests out late in a run)."""
     with NatsServer() as server:
         yield server
 

@@ -91,6 +91,14 @@ BUCKETS: tuple[BucketDeclaration, ...] = (
         "per as-needed dependency: the objects needing it on each cluster, by compare-and-set",
     ),
     BucketDeclaration(
+        "aggregator", "aggregator-reports", "each object's placement and latest member reports"
+    ),
+    BucketDeclaration("aggregator", "aggregator-clusters", "which clusters are Ready"),
+    BucketDeclaration(
+        "drain", "drain-objects", "each object's placement, availability and move progress"
+    ),
+    BucketDeclaration("drain", "drain-clusters", "each cluster's cordon, drain and readiness"),
+    BucketDeclaration(
         "syncer", "syncer-works", "the last manifest applied per work (drift repair, restarts)"
     ),
 )

@@ -10,8 +10,9 @@ before and omits now are removed when nobody else owns them. Ownership is stored
 items), so clients that read managedFields see familiar data.
 
 Simplifications: lists are atomic unless the field has a strategic-merge key (built-in
-kinds only; every list of a custom resource is atomic); ownership is tracked at leaves
-only; conflicts compare exact paths (not a parent against its children).
+kinds) or, in a custom resource, its CRD schema declares it ``x-kubernetes-list-type:
+map`` with one key (matched by field name, as the strategic keys are); ownership is
+tracked at leaves only; conflicts compare exact paths (not a parent against its children).
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ def _walk(value: Any, path: Path, field: str, rt: ResourceType, out: set[Path]) 
         for key, sub in value.items():
             _walk(sub, (*path, f"f:{key}"), key, rt, out)
         return
-    if isinstance(value, list) and value and not rt.custom:
-        key = merge_key_for(field, value)
+    if isinstance(value, list) and value:
+        key = rt.list_key(field) if rt.custom else merge_key_for(field, value)
         if key is not None and all(isinstance(i, dict) and key in i for i in value):
             for item in value:
                 item_path = (*path, _item_segment(key, item[key]))
@@ -254,8 +255,8 @@ def _merge(live: Any, applied: Any, field: str, rt: ResourceType) -> Any:
         for key, value in applied.items():
             result[key] = _merge(result.get(key), value, key, rt)
         return result
-    if isinstance(applied, list) and isinstance(live, list) and not rt.custom:
-        key = merge_key_for(field, applied)
+    if isinstance(applied, list) and isinstance(live, list):
+        key = rt.list_key(field) if rt.custom else merge_key_for(field, applied)
         if (
             key is not None
             and applied

@@ -29,6 +29,12 @@ class ResourceType:
     categories: tuple[str, ...] = ()
     # Create-only kinds (access and identity reviews) are answered, never stored.
     create_only: bool = False
+    keyed_lists: tuple[tuple[str, str], ...] = ()
+    """A custom type's lists declared ``x-kubernetes-list-type: map`` with one key:
+    (field name, key). Server-side apply merges them by that key."""
+
+    def list_key(self, field: str) -> str | None:
+        return dict(self.keyed_lists).get(field) if self.custom else None
 
     @property
     def api_version(self) -> str:

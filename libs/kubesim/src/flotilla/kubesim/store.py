@@ -173,9 +173,27 @@ def types_from_crd(crd: dict[str, Any]) -> list[ResourceType]:
                 short_names=tuple(names.get("shortNames") or ()),
                 custom=True,
                 categories=tuple(names.get("categories") or ()),
+                keyed_lists=tuple(
+                    sorted(_keyed_lists((version.get("schema") or {}).get("openAPIV3Schema")))
+                ),
             )
         )
     return out
+
+
+def _keyed_lists(schema: Any, field: str = "") -> set[tuple[str, str]]:
+    """(field, key) of every list in `schema` that is a map keyed by one field."""
+    if not isinstance(schema, dict):
+        return set()
+    found: set[tuple[str, str]] = set()
+    keys = schema.get("x-kubernetes-list-map-keys")
+    if schema.get("x-kubernetes-list-type") == "map" and isinstance(keys, list) and len(keys) == 1:
+        found.add((field, str(keys[0])))
+    for name, sub in (schema.get("properties") or {}).items():
+        found |= _keyed_lists(sub, name)
+    found |= _keyed_lists(schema.get("items"), field)
+    found |= _keyed_lists(schema.get("additionalProperties"), field)
+    return found
 
 
 def _validate_crd(crd: dict[str, Any]) -> None:

@@ -21,9 +21,9 @@ Steps (after Karmada's ``generic_scheduler``):
 4. **select and assign** — the strategy (`flotilla.scheduler.strategies`);
 5. **retire** — clusters that held the object and are not chosen any more stay in
    the decision as ``Retiring`` with their replicas: moves are make-before-break
-   (ARCHITECTURE.md section 5), and the drain coordinator removes that work once
-   the new placement is ready. A Retiring cluster that is chosen again becomes
-   Active; one that left the fleet is dropped.
+   (docs/architecture.md, "Cordon, drain and failover"), and the drain
+   coordinator removes that work once the new placement is ready. A Retiring
+   cluster that is chosen again becomes Active; one that left the fleet is dropped.
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from flotilla.common import api
 from flotilla.common.api import GroupVersionKind, PlacementState, Strategy
+from flotilla.common.events import PlacementDecided
 from flotilla.scheduler import filters, scores, strategies
 from flotilla.scheduler.model import (
     ClusterView,
@@ -127,12 +128,9 @@ def run_filters(ctx: Context) -> tuple[list[ClusterView], Rejections]:
     memoised = [unit for _, unit in units if unit.key is not None]
     per_decision = [unit for _, unit in units if unit.key is None]
     key = ("filters", *((name, unit.key(ctx)) for name, unit in units if unit.key is not None))
-    cached: tuple[list[ClusterView], Rejections] | None = fleet.memo.get(key)
-    if cached is None:
-        fresh = dataclasses.replace(ctx, held={})
-        cached = _chain(fresh, memoised, fleet.views)
-        fleet.memo[key] = cached
-    passing, rejections = cached
+    passing, rejections = fleet.verdicts(
+        key, lambda views: _chain(dataclasses.replace(ctx, held={}), memoised, views)
+    )
     held = ctx.held
     if held:
         holders = [fleet.by_name[name] for name in sorted(held) if name in fleet.by_name]
@@ -249,4 +247,28 @@ def _finish(
         schedulable=schedulable and (bool(active) or strategy is Strategy.AS_NEEDED or deleted),
         pending=pending,
         deleted=deleted,
+    )
+
+
+def release_retiring(decided: PlacementDecided, released: Collection[str]) -> PlacementDecided:
+    """`decided` without the Retiring entries of `released` (the drain coordinator saw
+    the new copies ready); nothing else changes. The decision id is derived from the
+    one released from, so the same release gives the same id; the input itself is
+    returned when there is nothing to release."""
+    kept = [
+        p
+        for p in decided.clusters
+        if not (p.state is PlacementState.RETIRING and p.cluster in released)
+    ]
+    if len(kept) == len(decided.clusters):
+        return decided
+    gone = sorted({p.cluster for p in decided.clusters} - {p.cluster for p in kept})
+    digest = hashlib.sha256(f"{decided.decision_id}\x1erelease\x1f{','.join(gone)}".encode())
+    return decided.model_copy(
+        update={
+            "decision_id": digest.hexdigest()[:32],
+            "clusters": kept,
+            "previous": list(decided.clusters),
+            "reason": f"{decided.reason}; released the retiring copy on {', '.join(gone)}",
+        }
     )

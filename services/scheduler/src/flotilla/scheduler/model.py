@@ -1,7 +1,8 @@
 """What goes into one scheduling decision and what comes out of it.
 
 The scheduler core is a pure function ``core.schedule(SchedulingInput) -> Decision``
-(ARCHITECTURE.md principle 4). This module holds its value types:
+(deterministic: docs/architecture.md, "Rules every service follows"). This module
+holds its value types:
 
 * `Fleet` — the clusters and one capacity snapshot, with the per-cluster facts that
   every decision reads (labels, taints, readiness, served APIs, fit per request
@@ -37,6 +38,7 @@ have ``redis`` in its import graph (the import-linter contract follows imports u
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import json
@@ -79,13 +81,16 @@ class CapacityRecord(Protocol):
     def nodes(self) -> Sequence[NodeRecord]: ...
 
     @property
+    def observed_at(self) -> float: ...
+
+    @property
     def headroom(self) -> Mapping[str, int]:
         """``available`` minus live reservations."""
 
     def fit_replicas(self, per_replica: dict[str, int]) -> int:
         """How many more pods of this shape fit (node-level, minus reservations)."""
 
-    def model_dump_json(self) -> str: ...
+    def model_dump_json(self, *, exclude: Any = None) -> str: ...
 
 
 class CapacitySnapshot(Protocol):
@@ -106,6 +111,8 @@ MAX_SETS_ESTIMATE = 64
 RequestsKey = tuple[tuple[str, int], ...]
 
 Unit = TypeVar("Unit")
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 class Registry(Generic[Unit]):
@@ -301,10 +308,17 @@ class Fleet:
     """The clusters plus one capacity snapshot, prepared for many decisions.
 
     Views are ordered by cluster name, so every loop over the fleet is deterministic
-    whatever order the clusters arrived in. A fleet lives as long as its snapshot:
-    its memos grow with the distinct policies and request shapes decided against it
-    and are dropped with it when the next snapshot replaces it. It is not safe to
-    share between threads (the scheduler service is one asyncio loop).
+    whatever order the clusters arrived in. Its memos grow with the distinct
+    policies and request shapes decided against it.
+
+    `patch` replaces the capacity records of a few clusters in place (a service
+    applying its own claims, or re-reading a cluster that refused one): only those
+    clusters' views and fingerprint parts are rebuilt, and every memo that reads
+    capacity (fits per shape, the core's filter verdicts) recomputes just the
+    clusters changed since it was filled, the next time it is read. A patched
+    fleet decides exactly as a fleet built fresh from the same clusters and
+    records would, ``decision_id`` included. It is not safe to share between
+    threads (the scheduler service is one asyncio loop).
     """
 
     def __init__(self, clusters: Iterable[api.Cluster], snapshot: CapacitySnapshot) -> None:
@@ -315,24 +329,133 @@ class Fleet:
                 raise ValueError(f"cluster {name!r} appears twice in the fleet")
             by_name[name] = cluster
         self.clusters: tuple[api.Cluster, ...] = tuple(by_name[n] for n in sorted(by_name))
-        self.snapshot = snapshot
+        self._cluster_by_name = by_name
+        self.records: dict[str, CapacityRecord] = {}
+        """Cluster → its capacity record (clusters without one are absent)."""
+        self._cluster_digest: dict[str, bytes] = {}
+        self._parts: dict[str, bytes] = {}
+        self._base: dict[str, tuple[object, object, object, bytes]] = {}
+        for cluster in self.clusters:
+            name = cluster.metadata.name
+            self._cluster_digest[name] = hashlib.sha256(
+                cluster.model_dump_json(by_alias=True).encode()
+            ).digest()
+            record = snapshot.get(name)
+            if record is not None:
+                self.records[name] = record
+            self._parts[name] = self._part(name, record)
         self.views: tuple[ClusterView, ...] = tuple(
-            ClusterView.of(c, snapshot.get(c.metadata.name)) for c in self.clusters
+            ClusterView.of(c, self.records.get(c.metadata.name)) for c in self.clusters
         )
         self.by_name: dict[str, ClusterView] = {v.name: v for v in self.views}
-        digest = hashlib.sha256()
-        for cluster in self.clusters:
-            digest.update(cluster.model_dump_json(by_alias=True).encode())
-            record = snapshot.get(cluster.metadata.name)
-            digest.update(b"\x1e" + (record.model_dump_json().encode() if record else b"-"))
-        self.fingerprint = digest.hexdigest()
+        self._position = {v.name: i for i, v in enumerate(self.views)}
+        self.fingerprint = self._fingerprint()
+        self.epoch = 0
+        """Bumped by every `patch`; memos remember the epoch they were filled at."""
+        self._changed_at: dict[str, int] = {}
         self._selected: dict[str, frozenset[str]] = {}
-        self._fits: dict[RequestsKey, dict[str, int]] = {}
-        self._sets: dict[str, dict[str, int]] = {}
+        self._fits: dict[RequestsKey, tuple[int, dict[str, int]]] = {}
+        self._node_fits: dict[tuple[str, RequestsKey], tuple[object, int]] = {}
+        self._sets: dict[str, tuple[int, dict[str, int]]] = {}
         self._placements: dict[tuple[str, int | None, PlacementState], ClusterPlacement] = {}
         self._policies: dict[int, tuple[api.PlacementPolicySpec, str]] = {}
+        self._verdicts: dict[Hashable, tuple[int, list[ClusterView], Rejections]] = {}
         self.memo: dict[Hashable, Any] = {}
-        """Per-snapshot results other modules compute (the core's filter verdicts)."""
+        """Per-fleet results other modules compute that do not read capacity."""
+
+    def _part(self, name: str, record: CapacityRecord | None) -> bytes:
+        """One cluster's share of the fingerprint: its object and its record, hashed.
+
+        The record is hashed as its reported figures (hashed once per record: a
+        record that only had its reservations patched shares them) plus its
+        reserved totals in sorted order, however they were read or patched."""
+        if record is None:
+            return hashlib.sha256(self._cluster_digest[name] + b"\x1e-").digest()
+        base = self._base.get(name)
+        if (
+            base is None
+            or base[0] is not record.nodes
+            or base[1] is not record.available
+            or base[2] != (record.allocatable, record.observed_at)
+        ):
+            figures = hashlib.sha256(record.model_dump_json(exclude={"reserved"}).encode())
+            base = (
+                record.nodes,
+                record.available,
+                (record.allocatable, record.observed_at),
+                figures.digest(),
+            )
+            self._base[name] = base
+        reserved = repr(sorted(record.reserved.items())).encode()
+        return hashlib.sha256(self._cluster_digest[name] + b"\x1e" + base[3] + reserved).digest()
+
+    def _fingerprint(self) -> str:
+        return hashlib.sha256(b"".join(self._parts.values())).hexdigest()
+
+    def get(self, cluster: str) -> CapacityRecord | None:
+        """The capacity record of `cluster` in this fleet (a fleet reads as a snapshot)."""
+        return self.records.get(cluster)
+
+    def patch(self, records: Mapping[str, CapacityRecord | None]) -> None:
+        """Replace the capacity records of the named clusters (None: it has none).
+
+        Names that are not clusters of this fleet are ignored: the cluster set and
+        the cluster objects are fixed for a fleet's lifetime (build a new one when
+        they change)."""
+        changed = [name for name in records if name in self._cluster_by_name]
+        if not changed:
+            return
+        self.epoch += 1
+        views = list(self.views)
+        for name in changed:
+            record = records[name]
+            if record is None:
+                self.records.pop(name, None)
+            else:
+                self.records[name] = record
+            self._parts[name] = self._part(name, record)
+            view = dataclasses.replace(self.by_name[name], capacity=record)
+            views[self._position[name]] = self.by_name[name] = view
+            self._changed_at[name] = self.epoch
+        self.views = tuple(views)
+        self.fingerprint = self._fingerprint()
+
+    def _stale(self, epoch: int) -> list[ClusterView]:
+        """Views of the clusters patched after `epoch`, in name order."""
+        if epoch == self.epoch:
+            return []
+        names = {name for name, at in self._changed_at.items() if at > epoch}
+        return [v for v in self.views if v.name in names]
+
+    def verdicts(
+        self,
+        key: Hashable,
+        judge: Callable[[Sequence[ClusterView]], tuple[list[ClusterView], Rejections]],
+    ) -> tuple[list[ClusterView], Rejections]:
+        """The memoised verdicts of `judge` over every cluster: (passing, rejections).
+
+        `judge` must judge each cluster on its own (a cluster's verdict never
+        depends on which other clusters are judged with it), so after a `patch`
+        only the patched clusters are judged again. Rejections are kept in a
+        canonical order (by unit, then cluster name) so that a patched fleet and a
+        fresh one list them alike.
+        """
+        entry = self._verdicts.get(key)
+        if entry is None:
+            passing, rejections = judge(self.views)
+        else:
+            epoch, passing, rejections = entry
+            stale = self._stale(epoch)
+            if not stale:
+                return passing, rejections
+            _, rejected = judge(stale)
+            names = {v.name for v in stale}
+            rejections = {n: v for n, v in rejections.items() if n not in names}
+            rejections.update(rejected)
+        rejections = dict(sorted(rejections.items(), key=lambda item: (item[1].unit, item[0])))
+        passing = [v for v in self.views if v.name not in rejections]
+        _bounded(self._verdicts)[key] = (self.epoch, passing, rejections)
+        return passing, rejections
 
     def placement(
         self, cluster: str, replicas: int | None, state: PlacementState
@@ -358,7 +481,7 @@ class Fleet:
         if entry is None:
             text = json.dumps(policy.model_dump(mode="json", by_alias=True), sort_keys=True)
             entry = (policy, text)
-            self._policies[id(policy)] = entry
+            _bounded(self._policies)[id(policy)] = entry
         return entry[1]
 
     def selected_by(self, selector: api.LabelSelector) -> frozenset[str]:
@@ -371,29 +494,71 @@ class Fleet:
         return selected
 
     def fits(self, per_replica: Mapping[str, int]) -> Mapping[str, int]:
-        """Cluster → how many more replicas of this shape fit (clusters with a record)."""
+        """Cluster → how many more replicas of this shape fit (clusters with a record).
+
+        The fit rule of ``ClusterCapacity.fit_replicas``, with its node-level half
+        remembered per record's node list: a patch that only changed a cluster's
+        reservations recomputes the cluster-level half alone."""
         key = requests_key(per_replica)
-        fits = self._fits.get(key)
-        if fits is None:
-            shape = dict(per_replica)
-            fits = {
-                v.name: v.capacity.fit_replicas(shape) for v in self.views if v.capacity is not None
-            }
-            self._fits[key] = fits
-        return fits
+        shape = _shape(per_replica)
+        return self._per_cluster(self._fits, key, lambda view: self._fit(view, key, shape))
+
+    def _fit(self, view: ClusterView, key: RequestsKey, shape: Mapping[str, int]) -> int:
+        record = view.capacity
+        assert record is not None
+        cluster_level = _count(record.headroom, shape)
+        nodes = record.nodes
+        if not nodes:
+            return cluster_level
+        remembered = self._node_fits.get((view.name, key))
+        if remembered is None or remembered[0] is not nodes:
+            remembered = (nodes, sum(_count(node.free, shape) for node in nodes))
+            _bounded(self._node_fits)[(view.name, key)] = remembered
+        return min(remembered[1], cluster_level)
 
     def set_fits(self, components: Sequence[Component]) -> Mapping[str, int]:
         """Cluster → how many whole sets of ``components`` fit (see `whole_sets`)."""
-        key = components_key(components)
-        fits = self._sets.get(key)
-        if fits is None:
-            fits = {
-                v.name: whole_sets(v.capacity, components)
-                for v in self.views
-                if v.capacity is not None
-            }
-            self._sets[key] = fits
-        return fits
+
+        def sets(view: ClusterView) -> int:
+            assert view.capacity is not None
+            return whole_sets(view.capacity, components)
+
+        return self._per_cluster(self._sets, components_key(components), sets)
+
+    def _per_cluster(
+        self,
+        memo: dict[Any, tuple[int, dict[str, int]]],
+        key: Hashable,
+        compute: Callable[[ClusterView], int],
+    ) -> dict[str, int]:
+        """Cluster → `compute` of it for clusters with a record, memoised under `key`
+        and recomputed only for the clusters patched since."""
+        entry = memo.get(key)
+        if entry is not None and entry[0] == self.epoch:
+            return entry[1]
+        if entry is None:
+            values = {v.name: compute(v) for v in self.views if v.capacity is not None}
+        else:
+            values = dict(entry[1])
+            for view in self._stale(entry[0]):
+                if view.capacity is None:
+                    values.pop(view.name, None)
+                else:
+                    values[view.name] = compute(view)
+        _bounded(memo)[key] = (self.epoch, values)
+        return values
+
+
+MEMO_LIMIT = 4096
+"""Entries a per-fleet memo keeps: a fleet lives as long as its clusters do, and
+the policies and shapes decided against it keep coming."""
+
+
+def _bounded(memo: dict[K, V]) -> dict[K, V]:
+    """`memo`, emptied first when full (refilled by the next decisions)."""
+    if len(memo) >= MEMO_LIMIT:
+        memo.clear()
+    return memo
 
 
 @dataclass(frozen=True, slots=True)
@@ -566,8 +731,12 @@ class Decision:
         return tuple(p for p in self.clusters if p.state is PlacementState.ACTIVE)
 
     def rejection_reasons(self) -> dict[str, list[str]]:
-        """Rejections in the shape `events.PlacementDecided.rejections` carries."""
-        return {name: [str(verdict)] for name, verdict in sorted(self.rejections.items())}
+        """Rejections grouped by reason, the shape `events.PlacementDecided.rejected`
+        carries: a hundred clusters turned down for one taint are one line."""
+        grouped: dict[str, list[str]] = {}
+        for name, verdict in sorted(self.rejections.items()):
+            grouped.setdefault(str(verdict), []).append(name)
+        return grouped
 
     def to_event(self, previous: Iterable[ClusterPlacement] = ()) -> PlacementDecided:
         """The ``PlacementDecided`` payload for the object this decision is about."""
@@ -577,6 +746,6 @@ class Decision:
             clusters=list(self.clusters),
             previous=list(previous),
             reason=self.reason,
-            rejections=self.rejection_reasons(),
+            rejected=self.rejection_reasons(),
             deleted=self.deleted,
         )

@@ -26,37 +26,43 @@ Handlers (one `Router`, partitioned, so one key's events arrive in order):
   read after it was sent (`Scheduler._fleet`), so the retry sees the change that
   triggered it, on whichever replica decides it.
 
-One decision (`Scheduler.decide`):
+One decision (`Scheduler.decide`), its parts in their own modules:
 
-1. read the placement record (the local index, which follows the bucket; after a
-   lost compare-and-set, the bucket itself); drop the event if the record has
-   acted on a newer hub revision;
-2. wait until this replica has taken in every cluster written so far; then, one
-   decision at a time per replica, take the capacity snapshot (`Scheduler._fleet`:
-   read whole every ``snapshot_max_age``, patched in between) and run
-   ``core.schedule``;
-3. if the placement changed, reserve the capacity of the new replicas atomically
-   in Redis (one reservation per object and cluster, id = object key, replaced on
-   every change, so a retry or a second replica never counts twice); a refused
-   reservation means someone else took the room: undo, re-read the clusters that
-   refused, decide again (the same placement refused twice is kept back, below);
-4. write the record by compare-and-set; a conflict undoes the reservations and
-   decides again from the record that won;
-5. release the reservations on clusters the object left, and publish
-   ``PlacementDecided`` with a deterministic message id.
+1. the placement record from the local index (which follows the bucket); an index
+   miss is not looked up: the compare-and-set that creates the record fails if
+   one exists, and the decision is made again from it. An event older than the
+   record's hub revision is dropped;
+2. wait until this replica has taken in every cluster written so far (one bucket
+   round trip shared by every decision waiting at the time, `readmodel.SyncPoint`);
+   then, one decision at a time per replica, take the fleet from the read model
+   (`flotilla.scheduler.readmodel`: patched, never rebuilt for capacity changes),
+   run ``core.schedule`` and, when the placement changed, apply its claims to the
+   read model at once, so the next decision already counts them;
+3. outside that lock, send the claims (`flotilla.scheduler.claims`) as one atomic,
+   all-or-nothing script: reserve on every cluster whose replicas changed, release
+   the clusters the object left (reservation id = object key, replaced on every
+   change, so a retry or a second replica never counts twice). A refusal means
+   someone else took the room: the clusters are re-read and the object decided
+   again (the same placement refused twice is kept back, below);
+4. write the record by compare-and-set; a conflict undoes the claims and decides
+   again from the record that won — a replica that loses never publishes;
+5. publish ``PlacementDecided`` with a deterministic message id; the event is
+   acknowledged only after the handler returns, so after both are durable.
+   A Warning Event for an object left (partly) unplaced is noted for
+   `flotilla.scheduler.notices`, which writes it later, aggregated per object.
 
 Only a changed placement is published. A redelivered event whose decision is
 already recorded (the service died between writing and acking) re-publishes the
 recorded ``PlacementDecided`` unchanged, which JetStream deduplicates. An object
 nothing can take is recorded as Pending and decided again only when a change that
-can help it arrives, never on a timer.
+can help it arrives (`flotilla.scheduler.requeue`), never on a timer.
 
 Reservations hold every replica placed on a cluster until they expire
 (``reservation_ttl``); until then the member's own capacity report may count the
 same pods too. That errs on the side of not overcommitting; the syncer may release
 a reservation early once it has reported the pods.
 
-A replica that dies between reserving (step 3) and recording (step 4) leaves
+A replica that dies between claiming (step 3) and recording (step 4) leaves
 reservations no record backs, and the redelivered event may well decide
 differently. Every replica therefore reconciles (`Scheduler.reconcile_reservations`,
 at start and every ``reservation_grace`` seconds): a reservation older than
@@ -72,15 +78,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import Field
 
-from flotilla.common import api, capacity, events, kube
-from flotilla.common.api import PlacementState
+from flotilla.common import api, events, kube
 from flotilla.common.bus import Bus
 from flotilla.common.capacity import CapacityCache
 from flotilla.common.config import Settings
@@ -104,9 +109,12 @@ from flotilla.common.rediscapacity import DEFAULT_PREFIX, RedisCapacityCache
 from flotilla.common.router import Router
 from flotilla.common.service import Runtime
 from flotilla.common.store import Conflict, Follower, Store
-from flotilla.scheduler import core, state
-from flotilla.scheduler.model import Decision, Fleet, SchedulingInput
+from flotilla.scheduler import claims, core, state
+from flotilla.scheduler.model import Decision, SchedulingInput
+from flotilla.scheduler.notices import Notices
+from flotilla.scheduler.readmodel import ReadModel, SyncPoint
 from flotilla.scheduler.records import ClusterRecord, PlacementRecord
+from flotilla.scheduler.requeue import Requeue
 
 log = logging.getLogger(__name__)
 
@@ -195,24 +203,36 @@ class Scheduler:
         self.clusters_store = clusters
         self.reservation_ttl = reservation_ttl
         self.sync_timeout = sync_timeout
-        self.snapshot_max_age = snapshot_max_age
-        self._shared: tuple[Fleet, capacity.Snapshot, int, float, float] | None = None
-        """Fleet, snapshot, cluster view, and when it was read whole (monotonic, epoch)."""
         # Fan-out (claims on many clusters, many keys at once) must stay below the
         # capacity cache's connection pool (redis-py: 100), or calls fail outright.
         self._cache_slots = asyncio.Semaphore(CACHE_CONCURRENCY)
         self._deciding = asyncio.Lock()
-        self._dirty: set[str] = set()
-        """Clusters whose reservations this replica changed since the shared snapshot."""
         self.index = state.Index()
         self.clusters = state.Clusters()
         self.placements_view = Follower(placements, on_change=self.index.apply)
         self.clusters_view = Follower(clusters, on_change=self.clusters.apply)
+        self.read_model = ReadModel(
+            cache, self.clusters, max_age=snapshot_max_age, slots=self._cache_slots
+        )
+        self.claims = claims.Claims(cache, reservation_ttl, self._cache_slots)
+        self.requeue = Requeue(bus, self.index)
+        self.notices = Notices(reporter)
+        self._cluster_sync = SyncPoint(self._sync_cluster_view)
+        self._policies = state.Interned[api.PlacementPolicySpec]()
         self._capacity_seen: dict[str, tuple[object, frozenset[str]]] = {}
         """Cluster → its capacity record (observed_at, headroom) as last reported, and
         the Pending objects already asked to retry against it."""
         self.decisions = 0
         """Decisions made (for the benchmark and tests); published or not."""
+
+    @property
+    def snapshot_max_age(self) -> float:
+        """Seconds between whole capacity reads (`readmodel.ReadModel.max_age`)."""
+        return self.read_model.max_age
+
+    @snapshot_max_age.setter
+    def snapshot_max_age(self, seconds: float) -> None:
+        self.read_model.max_age = seconds
 
     @classmethod
     async def open(
@@ -267,9 +287,12 @@ class Scheduler:
 
     async def _sync_clusters(self) -> int:
         """Wait until every cluster written so far is in the local view; its revision."""
+        await self._cluster_sync()
+        return self.clusters.version
+
+    async def _sync_cluster_view(self) -> None:
         await self.ready(self.sync_timeout)
         await self.clusters_view.sync(self.sync_timeout)
-        return self.clusters.version
 
     async def forget_deleted(self, retention: float) -> None:
         """Forget deleted objects and removed clusters after `retention` seconds, for
@@ -312,55 +335,14 @@ class Scheduler:
         await self.clusters_store.purge_tombstones(retention)
         return forgotten
 
-    async def _fleet(
-        self, view: int, *, refreshed: Collection[str] = (), fresh_after: float = 0.0
-    ) -> Fleet:
-        """The clusters and a capacity snapshot, kept up to date cheaply.
-
-        Reading every cluster's record and reservations (and building the fleet, and
-        filling the core's per-fleet memos) for each decision would make every
-        decision pay for the whole fleet. The snapshot is read whole at most every
-        `snapshot_max_age` seconds (or when the cluster view changed); in between,
-        only the clusters this replica claimed or released on since (`_dirty`) and
-        those that just refused a claim (`refreshed`) are re-read and patched in.
-        What other replicas claimed meanwhile is caught by the claim itself, which
-        is the atomic check: a refusal re-reads that cluster. A snapshot read before
-        `fresh_after` (epoch seconds) is read whole again.
-        """
-        now = time.monotonic()
-        wall = time.time()
-        cached = self._shared
-        if (
-            cached is not None
-            and cached[2] == view
-            and now - cached[3] <= self.snapshot_max_age
-            and cached[4] >= fresh_after
-        ):
-            fleet, snapshot, _, read_at, read_wall = cached
-            stale = set(refreshed) | self._dirty
-            if not stale:
-                return fleet
-            self._dirty.clear()
-            async with self._cache_slots:
-                part = await self.cache.snapshot(sorted(stale))
-            records = {**snapshot.clusters, **part.clusters}
-            for name in stale - part.clusters.keys():
-                records.pop(name, None)
-            patched = capacity.Snapshot(clusters=records, taken_at=part.taken_at)
-            fleet = Fleet(self.clusters.live(), patched)
-            self._shared = (fleet, patched, view, read_at, read_wall)
-            return fleet
-        self._dirty.clear()
-        async with self._cache_slots:
-            snapshot = await self.cache.snapshot()
-        fleet = Fleet(self.clusters.live(), snapshot)
-        self._shared = (fleet, snapshot, view, now, wall)
-        return fleet
-
     # --- handlers --------------------------------------------------------------------
 
     async def on_resource_analyzed(self, event: Received[ResourceAnalyzed]) -> None:
         envelope, analyzed = event.envelope, event.payload
+        if analyzed.policy_spec is not None:
+            analyzed = analyzed.model_copy(
+                update={"policy_spec": self._policies.intern(analyzed.policy_spec)}
+            )
         metadata = analyzed.object.get("metadata") or {}
         cause = Cause(
             event_id=envelope.id,
@@ -380,6 +362,21 @@ class Scheduler:
             log.info("reschedule of %s ignored: nothing recorded for it", key)
             return
         record = stored[0]
+        if command.release_retiring:
+            # Make-before-break done: drop the Retiring entries, change nothing else.
+            decided = core.release_retiring(record.decided, command.release_retiring)
+            if record.cause == envelope.id or decided is not record.decided:
+                released = record.model_copy(update={"decided": decided, "cause": envelope.id})
+                if decided is not record.decided:  # Conflict: the bus retries on the new record
+                    self.index.apply(
+                        key, released, await self.placements.write(key, released, last=stored[1])
+                    )
+                    await self._release_reservations(
+                        claims.plan(key, record.analyzed, record.clusters, decided.clusters)
+                    )
+                await self._publish(released)
+            if not command.avoid_clusters:
+                return
         cause = Cause(
             event_id=envelope.id,
             uid=record.uid,
@@ -429,7 +426,7 @@ class Scheduler:
         envelope, changed = event.envelope, event.payload
         name = changed.cluster
         # Whatever decides next on this replica re-reads the cluster.
-        self._dirty.add(name)
+        self.read_model.mark_stale([name])
         async with self._cache_slots:
             room = (await self.cache.snapshot([name])).get(name)
         if room is None:
@@ -462,44 +459,22 @@ class Scheduler:
     async def _request(
         self, keys: Iterable[str], reason: str, *, dedupe: tuple[object, ...]
     ) -> None:
-        batch = []
-        for key in sorted(keys):
-            entry = self.index.get(key)
-            if entry is None:
-                continue
-            command = RescheduleRequested(ref=entry.record.analyzed.ref, reason=reason)
-            batch.append(
-                events.envelope(
-                    command,
-                    key=key,
-                    producer=self.bus.producer,
-                    uid=entry.record.uid,
-                    dedupe=dedupe,
-                )
-            )
-        if batch:
-            log.info("%s: re-evaluating %d objects", reason, len(batch))
-            await self.bus.publish_batch(batch)
+        await self.requeue.request(keys, reason, dedupe=dedupe)
 
     # --- one decision ----------------------------------------------------------------
 
     async def decide(
         self, key: str, analyzed: ResourceAnalyzed, cause: Cause, *, reschedule: bool = False
     ) -> None:
-        """Decide `key`, record it by compare-and-set, reserve, publish (module docstring)."""
+        """Decide `key`, claim, record it by compare-and-set, publish (module docstring)."""
         policy = analyzed.policy_spec
         await self.index_ready()
         entry = self.index.get(key)
         stored: tuple[PlacementRecord, int] | None = (
             (entry.record, entry.version) if entry is not None else None
         )
-        fresh_read = False
         refused: set[tuple[ClusterPlacement, ...]] = set()
-        refusing: set[str] = set()
         for _attempt in range(MAX_ATTEMPTS):
-            if stored is None and not fresh_read:
-                stored = await self.placements.get(key)
-                fresh_read = True
             current, version = stored if stored is not None else (None, 0)
             if current is not None:
                 if current.cause == cause.event_id:
@@ -511,13 +486,12 @@ class Scheduler:
                     return
             view = await self._sync_clusters()
             previous = current.clusters if current is not None else ()
-            # One decision at a time per replica, from choosing to claiming: the next
-            # one then sees this one's claims (the clusters it touched are re-read),
-            # so a replica's own decisions never race each other for the same room.
-            # Records, publishing and acks stay concurrent.
+            # One decision at a time per replica, from choosing to counting its claims
+            # in the read model: the next one then sees them, so a replica's own
+            # decisions never race each other for the same room. Claims, records,
+            # publishing and acks stay concurrent.
             async with self._deciding:
-                fleet = await self._fleet(view, refreshed=refusing, fresh_after=cause.fresh_after)
-                refusing = set()
+                fleet = await self.read_model.fleet(view, fresh_after=cause.fresh_after)
                 decision = core.schedule(
                     SchedulingInput(
                         analyzed=analyzed,
@@ -533,7 +507,7 @@ class Scheduler:
                 )
                 self.decisions += 1
                 changed = current is None or _placement_changed(current, decision)
-                reserved: list[str] = []
+                plan = claims.Plan()
                 held_back = ""
                 if changed and current is not None and decision.clusters in refused:
                     # Refused again after re-reading the clusters that refused, so it
@@ -543,89 +517,108 @@ class Scheduler:
                     changed = False
                     held_back = f"{decision.reason}; does not fit now, placement kept"
                 elif changed:
-                    reserved, refusing = await self._reserve(
-                        key, analyzed, previous, decision.clusters
+                    plan = claims.plan(
+                        key,
+                        analyzed,
+                        previous,
+                        decision.clusters,
+                        held_for=current.analyzed if current is not None else None,
                     )
-                    self._dirty.update(reserved)
-                    if refusing:
-                        await self._undo(key, analyzed, previous, reserved)
-                        refused.add(decision.clusters)
-            if refusing:
-                continue
-            if changed or current is None:
-                record = PlacementRecord(
-                    key=key,
-                    uid=cause.uid,
-                    generation=cause.generation,
-                    revision=max(cause.revision, current.revision if current else 0),
-                    analyzed=analyzed,
-                    decided=decision.to_event(previous),
-                    schedulable=decision.schedulable,
-                    pending=decision.pending,
-                    cause=cause.event_id,
-                )
-            else:
-                record = current.model_copy(
-                    update={
-                        "uid": cause.uid,
-                        "generation": cause.generation,
-                        "revision": max(cause.revision, current.revision),
-                        "analyzed": analyzed,
-                        "pending": _unplaced(analyzed, previous) if held_back else current.pending,
-                        "held_back": held_back,
-                    }
-                )
-                if record == current:
-                    return
+                    if plan:
+                        self.read_model.apply(plan)
+            if plan:
+                try:
+                    refusing = await self.claims.submit(plan)
+                except BaseException:
+                    # No answer: whether it was applied is unknown; re-read.
+                    self.read_model.settled(plan, applied=False)
+                    raise
+                self.read_model.settled(plan, applied=not refusing)
+                if refusing:
+                    refused.add(decision.clusters)
+                    continue
+            record = self._record(key, analyzed, cause, current, decision, changed, held_back)
+            if record is None:
+                return
             try:
                 written = await self.placements.write(key, record, last=version)
             except Conflict:
-                await self._undo(key, analyzed, previous, reserved)
-                self._dirty.update(reserved)
+                if plan:
+                    await self.claims.undo(plan)
+                    self.read_model.mark_stale(plan.clusters)
                 stored = await self.placements.get(key)
-                fresh_read = True
                 continue
             self.index.apply(key, record, written)
             if not changed:
                 return
-            await self._release_left(key, analyzed, previous, decision.clusters)
-            self._dirty.update(p.cluster for p in previous)
             await self._publish(record)
-            await self._report(analyzed, record)
+            self._report(key, analyzed, record)
             followers = self.index.dependents(key)
             if self.clusters.version != view:
                 followers.add(key)  # the fleet changed while deciding: look again
-            await self._request(
-                followers, f"placement of {key} changed", dedupe=("placement", key, written)
-            )
+            if followers:
+                await self._request(
+                    followers, f"placement of {key} changed", dedupe=("placement", key, written)
+                )
             return
         raise TemporaryError(f"{key}: no decision held after {MAX_ATTEMPTS} attempts", delay=1.0)
 
-    async def _report(self, analyzed: ResourceAnalyzed, record: PlacementRecord) -> None:
-        """A Warning Event when the new placement leaves the object (partly) unplaced.
+    @staticmethod
+    def _record(
+        key: str,
+        analyzed: ResourceAnalyzed,
+        cause: Cause,
+        current: PlacementRecord | None,
+        decision: Decision,
+        changed: bool,
+        held_back: str,
+    ) -> PlacementRecord | None:
+        """The record to write for `decision`; None when the stored one says it all."""
+        previous = current.clusters if current is not None else ()
+        if changed or current is None:
+            return PlacementRecord(
+                key=key,
+                uid=cause.uid,
+                generation=cause.generation,
+                revision=max(cause.revision, current.revision if current else 0),
+                analyzed=analyzed,
+                decided=decision.to_event(previous),
+                schedulable=decision.schedulable,
+                pending=decision.pending,
+                cause=cause.event_id,
+            )
+        record = current.model_copy(
+            update={
+                "uid": cause.uid,
+                "generation": cause.generation,
+                "revision": max(cause.revision, current.revision),
+                "analyzed": analyzed,
+                "pending": _unplaced(analyzed, previous) if held_back else current.pending,
+                "held_back": held_back,
+            }
+        )
+        return None if record == current else record
 
-        Best effort: the decision is already durable and published, and a hub that
-        does not answer must not hold placements back."""
-        if self.reporter is None or analyzed.deleted:
+    def _report(self, key: str, analyzed: ResourceAnalyzed, record: PlacementRecord) -> None:
+        """Note a Warning Event when the new placement leaves the object (partly)
+        unplaced; `notices` writes it off the decision path."""
+        if analyzed.deleted or (record.schedulable and not record.pending):
+            self.notices.clear(key)
             return
-        if not record.schedulable:
-            reason = UNSCHEDULABLE_REASON
-        elif record.pending:
-            reason = PARTIALLY_SCHEDULED_REASON
-        else:
-            return
-        await self._warn(analyzed.object, reason, record.decided.reason)
+        reason = UNSCHEDULABLE_REASON if not record.schedulable else PARTIALLY_SCHEDULED_REASON
+        self.notices.note(key, analyzed.object, reason, record.decided.reason)
 
-    async def _warn(self, obj: JsonObject, reason: str, message: str) -> None:
-        """A Warning Event on `obj`, best effort: a hub that does not answer must not
-        hold placements back or keep a bad message from being dead-lettered."""
-        if self.reporter is None:
+    async def _release_reservations(self, plan: claims.Plan) -> None:
+        """Carry out a plan that only releases (a Retiring copy dropped)."""
+        if not plan:
             return
+        self.read_model.apply(plan)
         try:
-            await self.reporter.warning(obj, reason, message)
-        except FlotillaError as error:
-            name = (obj.get("metadata") or {}).get("name")
-            log.warning("could not report %s for %s %s: %s", reason, obj.get("kind"), name, error)
+            await self.claims.submit(plan)
+        except BaseException:
+            self.read_model.settled(plan, applied=False)
+            raise
+        self.read_model.settled(plan, applied=True)
 
     async def _publish(self, record: PlacementRecord) -> None:
         await self.bus.publish(
@@ -641,67 +634,6 @@ class Scheduler:
         )
 
     # --- reservations ---------------------------------------------------------------
-
-    async def _reserve(
-        self,
-        key: str,
-        analyzed: ResourceAnalyzed,
-        previous: Sequence[ClusterPlacement],
-        chosen: Sequence[ClusterPlacement],
-    ) -> tuple[list[str], set[str]]:
-        """Claim room on every Active cluster whose replicas changed, all at once.
-
-        Returns the clusters touched (to undo) and those that refused. The
-        claims go out concurrently: a ``copy`` over a hundred clusters would
-        otherwise pay a hundred round trips, during which the room it saw fills up.
-        """
-        before = _active(previous)
-        claims = [
-            (placement.cluster, reservation_id, per_replica, count)
-            for placement in chosen
-            if placement.state is PlacementState.ACTIVE
-            # Unchanged there: its reservation (or its reported pods) already count.
-            and before.get(placement.cluster, -1) != (placement.replicas or 0)
-            for reservation_id, per_replica, count in _shapes(key, analyzed, placement)
-        ]
-        held = await asyncio.gather(
-            *(self._claim(cluster, rid, shape, count) for cluster, rid, shape, count in claims)
-        )
-        touched = [claim[0] for claim in claims]
-        return touched, {cluster for cluster, ok in zip(touched, held, strict=True) if not ok}
-
-    async def _undo(
-        self,
-        key: str,
-        analyzed: ResourceAnalyzed,
-        previous: Sequence[ClusterPlacement],
-        touched: Iterable[str],
-    ) -> None:
-        """Put the reservations touched by a decision that did not hold back as they were."""
-        before = {p.cluster: p for p in previous if p.state is PlacementState.ACTIVE}
-        steps: list[Awaitable[object]] = []
-        for cluster in dict.fromkeys(touched):
-            placement = before.get(cluster)
-            if placement is None:
-                steps.append(self._release(key, analyzed, cluster))
-                continue
-            steps.extend(
-                self._claim(cluster, rid, shape, count)
-                for rid, shape, count in _shapes(key, analyzed, placement)
-            )
-        await asyncio.gather(*steps)
-
-    async def _release_left(
-        self,
-        key: str,
-        analyzed: ResourceAnalyzed,
-        previous: Sequence[ClusterPlacement],
-        chosen: Sequence[ClusterPlacement],
-    ) -> None:
-        kept = {p.cluster for p in chosen}
-        await asyncio.gather(
-            *(self._release(key, analyzed, p.cluster) for p in previous if p.cluster not in kept)
-        )
 
     async def reconcile_reservations(self) -> int:
         """Release reservations that no placement record backs (see the module
@@ -729,7 +661,7 @@ class Scheduler:
                 )
                 async with self._cache_slots:
                     await self.cache.release(cluster, reservation.id)
-                self._dirty.add(cluster)
+                self.read_model.mark_stale([cluster])
                 released += 1
         return released
 
@@ -743,46 +675,11 @@ class Scheduler:
                 log.warning("reservation reconciliation failed: %s", error)
             await asyncio.sleep(self.reservation_grace)
 
-    async def _claim(self, cluster: str, rid: str, shape: dict[str, int], count: int) -> bool:
-        async with self._cache_slots:
-            return await self.cache.reserve(cluster, rid, shape, count, self.reservation_ttl)
-
-    async def _release(self, key: str, analyzed: ResourceAnalyzed, cluster: str) -> None:
-        ids = [key] + [f"{key}#{c.name}" for c in analyzed.components]
-        for reservation_id in ids:
-            async with self._cache_slots:
-                await self.cache.release(cluster, reservation_id)
-
-
-def _active(placements: Iterable[ClusterPlacement]) -> dict[str, int]:
-    return {p.cluster: p.replicas or 0 for p in placements if p.state is PlacementState.ACTIVE}
-
-
-def _shapes(
-    key: str, analyzed: ResourceAnalyzed, placement: ClusterPlacement
-) -> list[tuple[str, dict[str, int], int]]:
-    """(reservation id, per-replica requests, replicas) to hold for one placement.
-
-    A multi-component object reserves each component under its own id: one
-    reservation of the summed set would be judged against single nodes, where a
-    set that spans nodes never fits.
-    """
-    if analyzed.components:
-        return [
-            (f"{key}#{c.name}", dict(c.requests), c.replicas)
-            for c in analyzed.components
-            if c.replicas > 0
-        ]
-    replicas = placement.replicas if placement.replicas is not None else 1
-    if replicas <= 0:
-        return []
-    return [(key, dict(analyzed.requests), replicas)]
-
 
 def _unplaced(analyzed: ResourceAnalyzed, placed: Sequence[ClusterPlacement]) -> int:
     """Replicas of `analyzed` not running anywhere under `placed` (at least 1)."""
     wanted = analyzed.replicas if analyzed.replicas is not None else 1
-    return max(wanted - sum(_active(placed).values()), 1)
+    return max(wanted - sum(p.replicas or 0 for p in claims.active(placed).values()), 1)
 
 
 def placement_identity(clusters: Iterable[ClusterPlacement]) -> frozenset[ClusterPlacement]:
@@ -832,6 +729,7 @@ async def setup(rt: Runtime) -> Scheduler:
     rt.spawn("follow-clusters", scheduler.follow_clusters)
     rt.spawn("forget-deleted", lambda: scheduler.forget_deleted(settings.tombstone_retention))
     rt.spawn("reconcile-reservations", scheduler.reconcile_forever)
+    rt.spawn("notices", scheduler.notices.run)
     rt.health.add_readiness_check("placements", scheduler.readiness)
     rt.serve(scheduler.router(), reporter=reporter)
     return scheduler

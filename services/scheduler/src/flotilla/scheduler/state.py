@@ -43,9 +43,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from pydantic import BaseModel
 
 from flotilla.common import api, capacity
 from flotilla.common.api import PlacementState, Strategy
@@ -376,7 +379,7 @@ def helped_by(record: PlacementRecord, cluster: str, room: capacity.ClusterCapac
     object: one replica (or each component) of it fits there, and the object's last
     decision turned the cluster down for capacity or not at all — a cluster refused
     for a taint or a selector stays refused however much room it has."""
-    reasons = record.decided.rejections.get(cluster, [])
+    reasons = record.decided.reasons_for(cluster)
     if any(not reason.startswith("capacity:") for reason in reasons):
         return False
     analyzed = record.analyzed
@@ -385,3 +388,29 @@ def helped_by(record: PlacementRecord, cluster: str, room: capacity.ClusterCapac
             room.fit_replicas(dict(c.requests)) >= 1 for c in analyzed.components if c.replicas
         )
     return room.fit_replicas(dict(analyzed.requests)) >= 1
+
+
+P = TypeVar("P", bound=BaseModel)
+
+
+class Interned(Generic[P]):
+    """One object per distinct value (its JSON), the most recent `limit` of them.
+
+    Every event carries its own parsed copy of the object's policy; the core's memos
+    are keyed by the policy object, so equal policies must be the same object for
+    them to be reused."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self.limit = limit
+        self._by_text: OrderedDict[str, P] = OrderedDict()
+
+    def intern(self, value: P) -> P:
+        text = value.model_dump_json(by_alias=True)
+        found = self._by_text.get(text)
+        if found is not None:
+            self._by_text.move_to_end(text)
+            return found
+        self._by_text[text] = value
+        if len(self._by_text) > self.limit:
+            self._by_text.popitem(last=False)
+        return value

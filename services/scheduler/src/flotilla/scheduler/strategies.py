@@ -1,7 +1,7 @@
 """Strategies: how an object maps onto the clusters that passed the filters.
 
-Each strategy (``split``, ``copy``, ``any``, ``as-needed``; ARCHITECTURE.md section
-4) is a function registered by name in `STRATEGIES`. It receives the ranked
+Each strategy (``split``, ``copy``, ``any``, ``as-needed``; see
+docs/architecture.md) is a function registered by name in `STRATEGIES`. It receives the ranked
 candidates, *selects* among them (`select`: ``maxClusters`` and ``spread``) and
 *assigns* replicas, returning an `Assignment` — the placements, one readable
 reason, and a `Verdict` for every eligible cluster it left out.

@@ -43,7 +43,7 @@ by now, its work is published once more, after the removal.
 Decisions where the brief is silent:
 
 * A decision that kept the object off clusters because they do not serve its type
-  (its ``rejections``, checked against the clusters' reported ``apiResources``)
+  (its rejected clusters, checked against the clusters' reported ``apiResources``)
   gets one ``IncompatibleCluster`` Warning naming them; the scheduler's
   ``api-resources`` filter is what keeps the object off.
 * Clusters are read from the hub (not followed from ``ClusterObserved``): a
@@ -317,14 +317,16 @@ class Transformer:
             return record.model_copy(update={"decision": None if decision.deleted else decision})
 
         await self.reconcile(decision.ref, event.envelope.key, update)
-        if decision.rejections and not decision.deleted:
+        if (decision.rejections or decision.rejected) and not decision.deleted:
             await self._report_incompatible(decision, event.envelope.key)
 
     async def _report_incompatible(self, decision: PlacementDecided, key: str) -> None:
         """A Warning naming the clusters the object was kept off because they do not
         serve its type (the scheduler's ``api-resources`` filter)."""
         gvk = GroupVersionKind.from_api_version(decision.ref.api_version, decision.ref.kind)
-        lacking = rendering.incompatible(gvk, await self.hub.clusters(), decision.rejections)
+        lacking = rendering.incompatible(
+            gvk, await self.hub.clusters(), decision.rejected_clusters()
+        )
         entry = await self.objects.get(key)
         if not lacking or entry is None or entry.value.analyzed is None:
             return

@@ -1,0 +1,367 @@
+"""The status aggregator service: member reports in, one status on the hub object.
+
+Handlers (one `Router`, partitioned by key, so one object's events come in order):
+
+* ``PlacementDecided`` — record the object's placement (reports of clusters it
+  left are dropped); a deleted object's record is removed.
+* ``MemberStatusObserved`` — record the member's latest report.
+* ``ClusterObserved`` — record whether the cluster is Ready in a bucket every
+  replica follows (a cluster event reaches one replica only); a change re-folds
+  every object placed there, so a dead cluster's members turn stale at once.
+
+Both object records live in the ``aggregator-reports`` bucket, written by
+compare-and-set, so a restarted aggregator forgets nothing: at start it loads
+them and folds each object once more (writes that change nothing are skipped).
+
+**Writing.** The handler only records and marks the object dirty; one flush per
+object runs `coalesce_window` seconds later and folds whatever arrived meanwhile
+(`flotilla.aggregator.aggregation.fold`), so nine member reports of a 3/3/3
+Deployment become one hub write. A flush reads the hub object, writes the
+status through the status subresource and the ``flotilla.io/placement`` and
+``flotilla.io/cluster-status`` annotations with a merge patch, each only when it
+differs and each with the read ``resourceVersion`` as precondition: a 409 is
+retried from the latest object. A flush that fails (hub unreachable) is retried
+with backoff; the record is durable, so nothing is lost meanwhile.
+
+**Interpreters.** The built-in ones, plus the hub's ResourceInterpreters, listed
+at start and every `interpreter_refresh` seconds (invalid ones are skipped: the
+dependency detector reports them to their authors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.dynamic import DynamicClient
+from pydantic import BaseModel, ConfigDict, Field
+
+from flotilla.aggregator import aggregation
+from flotilla.aggregator.aggregation import MemberReport, ObjectReports
+from flotilla.common import api, events, kube
+from flotilla.common.api import (
+    CLUSTER_STATUS_ANNOTATION,
+    PLACEMENT_ANNOTATION,
+    ClusterConditionType,
+    ConditionStatus,
+    Strategy,
+)
+from flotilla.common.bus import Bus
+from flotilla.common.config import Settings
+from flotilla.common.dispatch import Received
+from flotilla.common.errors import ConfigError, FlotillaError, InvalidObject, Unavailable
+from flotilla.common.interpreters import (
+    DuplicateInterpreterError,
+    InvalidInterpreterError,
+    Registry,
+)
+from flotilla.common.router import Router
+from flotilla.common.service import Runtime
+from flotilla.common.store import Conflict, Follower, Store
+
+log = logging.getLogger(__name__)
+
+SERVICE = "aggregator"
+COMPONENT = "flotilla-aggregator"
+WRITE_ATTEMPTS = 5
+CAS_ATTEMPTS = 8
+JsonObject = dict[str, Any]
+
+
+class ClusterReadiness(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    ready: bool
+    revision: int = 0
+
+
+class AggregatorSettings(Settings):
+    coalesce_window: float = Field(
+        default=0.2, ge=0, description="seconds a flush waits to fold more member reports in"
+    )
+    interpreter_refresh: float = Field(
+        default=30.0, gt=0, description="seconds between reloads of the hub's ResourceInterpreters"
+    )
+
+
+def cluster_ready(obj: JsonObject) -> bool:
+    """Whether a Cluster's Ready condition is True (a Cluster Flotilla cannot read is not)."""
+    try:
+        cluster = api.parse_as(api.Cluster, obj)
+    except api.InvalidObjectError:
+        return False
+    ready = cluster.status.condition(ClusterConditionType.READY)
+    return ready is not None and ready.status is ConditionStatus.TRUE
+
+
+class Aggregator:
+    """One replica's handlers, flushes and the views they share."""
+
+    def __init__(
+        self,
+        dyn: DynamicClient,
+        reports: Store[ObjectReports],
+        clusters: Store[ClusterReadiness],
+        *,
+        window: float = 0.2,
+    ) -> None:
+        self.dyn = dyn
+        self.reports = reports
+        self.clusters_view: Follower[ClusterReadiness] = Follower(clusters, self._cluster_changed)
+        self.window = window
+        self.registry = Registry.with_builtins()
+        self.by_cluster: defaultdict[str, set[str]] = defaultdict(set)
+        """cluster → keys of objects placed there (what a readiness change re-folds)."""
+        self._pending: dict[str, asyncio.Task[None]] = {}
+        """key → its flush that has not started writing yet (what new reports join)."""
+        self._flushes: set[asyncio.Task[None]] = set()
+        self.status_writes = 0
+        self.annotation_writes = 0
+        self.conflicts = 0
+
+    def router(self) -> Router:
+        router = Router(SERVICE)
+        router.on(events.PlacementDecided)(self.on_placement_decided)
+        router.on(events.MemberStatusObserved)(self.on_member_status_observed)
+        router.on(events.ClusterObserved)(self.on_cluster_observed)
+        return router
+
+    # --- views ------------------------------------------------------------------------
+
+    @property
+    def not_ready(self) -> set[str]:
+        return {k for k, e in self.clusters_view.entries.items() if not e.value.ready}
+
+    def _cluster_changed(self, name: str, _value: ClusterReadiness | None, _revision: int) -> None:
+        for key in list(self.by_cluster.get(name, ())):
+            self.schedule(key)
+
+    def _index(self, record: ObjectReports) -> None:
+        placement = record.placement
+        for keys in self.by_cluster.values():
+            keys.discard(record.key)
+        if placement is not None and not placement.deleted:
+            for placed in placement.clusters:
+                self.by_cluster[placed.cluster].add(record.key)
+
+    async def resume(self) -> None:
+        """Fold every recorded object once (a restarted replica forgets nothing)."""
+        for key, entry in (await self.reports.load()).items():
+            self._index(entry.value)
+            self.schedule(key)
+
+    async def load_interpreters(self) -> None:
+        resource = await kube.resource_for(self.dyn, api.API_VERSION, "ResourceInterpreter")
+        try:
+            listed = kube.checked(await self.dyn.get(resource))
+        except Exception as exc:
+            raise kube.translate(exc) from exc
+        registry = Registry.with_builtins()
+        for item in listed.get("items") or []:
+            item.setdefault("apiVersion", api.API_VERSION)
+            item.setdefault("kind", "ResourceInterpreter")
+            try:
+                registry.register(api.parse_as(api.ResourceInterpreter, item))
+            except (
+                api.InvalidObjectError,
+                InvalidInterpreterError,
+                DuplicateInterpreterError,
+            ) as exc:
+                log.info("ResourceInterpreter skipped: %s", exc)
+        self.registry = registry
+
+    async def refresh_interpreters(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.load_interpreters()
+            except FlotillaError as exc:
+                log.warning("could not refresh interpreters: %s", exc)
+
+    # --- handlers -------------------------------------------------------------------
+
+    async def _update(
+        self, key: str, change: Callable[[ObjectReports], ObjectReports | None]
+    ) -> ObjectReports | None:
+        """Apply `change(record)` by compare-and-set (None from `change`: delete)."""
+        for _ in range(CAS_ATTEMPTS):
+            stored = await self.reports.get(key)
+            current = stored.value if stored else ObjectReports(key=key)
+            updated: ObjectReports | None = change(current)
+            try:
+                if updated is None:
+                    if stored is not None:
+                        await self.reports.delete(key, stored.revision)
+                elif updated != current or stored is None:
+                    await self.reports.write(key, updated, stored.revision if stored else 0)
+            except Conflict:
+                continue
+            return updated
+        raise Unavailable(f"{key}: the aggregator record kept changing")
+
+    async def on_placement_decided(self, event: Received[events.PlacementDecided]) -> None:
+        decided = event.payload
+        key = decided.ref.key
+        if decided.deleted:
+            await self._update(key, lambda _: None)
+            self._index(ObjectReports(key=key))
+            return
+        record = await self._update(key, lambda r: r.with_placement(decided))
+        if record is not None:
+            self._index(record)
+            self.schedule(key)
+
+    async def on_member_status_observed(self, event: Received[events.MemberStatusObserved]) -> None:
+        observed = event.payload
+        report = MemberReport.of(observed)
+        await self._update(observed.ref.key, lambda r: r.with_report(report))
+        self.schedule(observed.ref.key)
+
+    async def on_cluster_observed(self, event: Received[events.ClusterObserved]) -> None:
+        observed, revision = event.payload, event.envelope.revision
+        ready = not observed.deleted and cluster_ready(observed.object)
+        store = self.clusters_view.store
+        for _ in range(CAS_ATTEMPTS):
+            stored = await store.get(observed.cluster)
+            if stored is not None and (
+                stored.value.ready == ready or 0 < revision < stored.value.revision
+            ):
+                return
+            record = ClusterReadiness(name=observed.cluster, ready=ready, revision=revision)
+            try:
+                await store.write(observed.cluster, record, stored.revision if stored else 0)
+            except Conflict:
+                continue
+            return
+        raise Unavailable(f"cluster {observed.cluster}: readiness record kept changing")
+
+    # --- flushing -------------------------------------------------------------------
+
+    def schedule(self, key: str, delay: float | None = None) -> None:
+        """Fold and write `key` once the window has passed (one pending flush per key)."""
+        if key not in self._pending:
+            wait = self.window if delay is None else delay
+            task = asyncio.create_task(self._flush_later(key, wait))
+            self._pending[key] = task
+            self._flushes.add(task)
+            task.add_done_callback(self._flushes.discard)
+
+    async def _flush_later(self, key: str, delay: float) -> None:
+        await asyncio.sleep(delay)
+        # Reports arriving from here on schedule the next flush.
+        self._pending.pop(key, None)
+        try:
+            await self.flush(key)
+        except FlotillaError as exc:
+            log.warning("status of %s not written (retrying): %s", key, exc)
+            self.schedule(key, min(max(delay * 2, 0.5), 30.0))
+
+    async def close(self) -> None:
+        tasks = list(self._flushes)  # pending ones and those writing right now
+        self._pending.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def flush(self, key: str) -> None:
+        """Fold the recorded reports into the hub object (module docstring)."""
+        stored = await self.reports.get(key)
+        if stored is None or stored.value.placement is None:
+            return
+        record = stored.value
+        placement = record.placement
+        assert placement is not None
+        ref = placement.ref
+        interpreter = self.registry.lookup(
+            api.GroupVersionKind.from_api_version(ref.api_version, ref.kind)
+        )
+        try:
+            resource = await kube.resource_for(self.dyn, ref.api_version, ref.kind)
+        except InvalidObject:
+            return  # the hub no longer serves the type: nothing to write to
+        for _ in range(WRITE_ATTEMPTS):
+            obj = await kube.get_or_none(self.dyn, resource, ref.name, ref.namespace)
+            if obj is None:
+                return
+            metadata = obj.get("metadata") or {}
+            found = obj.get("status")
+            current_status: JsonObject = found if isinstance(found, dict) else {}
+            previous = current_status.get("observedGeneration")
+            folded = aggregation.fold(
+                placement,
+                record.members,
+                interpreter.status_rules,
+                whole=interpreter.spec.strategy is Strategy.ANY,
+                not_ready=self.not_ready,
+                hub_generation=metadata.get("generation"),
+                previous_observed=previous if isinstance(previous, int) else None,
+            )
+            try:
+                if current_status != folded.status and resource.subresources.get("status"):
+                    body = {**obj, "status": folded.status}
+                    obj = kube.checked(
+                        await self.dyn.replace(
+                            resource.subresources["status"],
+                            body=body,
+                            name=ref.name,
+                            namespace=ref.namespace,
+                        )
+                    )
+                    self.status_writes += 1
+                annotations = (obj.get("metadata") or {}).get("annotations") or {}
+                wanted = {
+                    PLACEMENT_ANNOTATION: folded.placement,
+                    CLUSTER_STATUS_ANNOTATION: folded.cluster_status,
+                }
+                if any(annotations.get(k) != v for k, v in wanted.items()):
+                    patch = {
+                        "metadata": {
+                            "annotations": wanted,
+                            "resourceVersion": (obj.get("metadata") or {}).get("resourceVersion"),
+                        }
+                    }
+                    await kube.merge_patch(self.dyn, resource, patch, ref.name, ref.namespace)
+                    self.annotation_writes += 1
+                return
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                if exc.status != 409:
+                    raise kube.translate(exc) from exc
+                self.conflicts += 1
+            except FlotillaError:
+                raise
+            except Exception as exc:
+                raise kube.translate(exc) from exc
+        raise Unavailable(f"{key}: the hub object kept changing under the status write")
+
+
+async def setup(rt: Runtime) -> Aggregator:
+    """Compose one replica: the hub client, the buckets, the handlers and the flushes."""
+    settings = rt.settings_as(AggregatorSettings)
+    if not isinstance(rt.bus, Bus):
+        raise ConfigError("the aggregator keeps its records in JetStream KV")
+    hub, dyn = await kube.hub_dynamic(settings)
+    rt.on_close(hub.close)
+    topology = rt.bus.topology
+    aggregator = Aggregator(
+        dyn,
+        await rt.bus.store(topology.bucket("aggregator-reports"), ObjectReports),
+        await rt.bus.store(topology.bucket("aggregator-clusters"), ClusterReadiness),
+        window=settings.coalesce_window,
+    )
+    rt.on_close(aggregator.close)  # runs before the hub client closes (last registered first)
+    with contextlib.suppress(FlotillaError):
+        await aggregator.load_interpreters()
+    rt.spawn("clusters", aggregator.clusters_view.run)
+    await aggregator.clusters_view.caught_up(30.0)
+    await aggregator.resume()
+    rt.serve(aggregator.router(), reporter=kube.EventRecorder(hub, COMPONENT))
+    rt.spawn("interpreters", lambda: aggregator.refresh_interpreters(settings.interpreter_refresh))
+    return aggregator

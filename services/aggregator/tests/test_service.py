@@ -1,0 +1,238 @@
+"""The aggregator on a real nats-server and a kubesim hub, fed by hand-made
+`PlacementDecided`, `MemberStatusObserved` and `ClusterObserved` events, as the
+scheduler, the syncer and the watcher publish them."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config
+from kubernetes_asyncio.dynamic import DynamicClient
+
+from flotilla.aggregator import service
+from flotilla.common import builders, events, kube
+from flotilla.common.api import CLUSTER_STATUS_ANNOTATION, PLACEMENT_ANNOTATION, PlacementState
+from flotilla.common.builders import container, manifest, pod_spec, template
+from flotilla.common.dispatch import EventBus
+from flotilla.common.infra import NatsServer
+from flotilla.common.service import started
+from flotilla.common.testing import CRD_DIR, eventually, kubeconfig_file, service_settings
+from flotilla.kubesim.server import KubeSim
+
+pytestmark = pytest.mark.integration
+
+NS = "shop"
+FULL = {"replicas": 3, "readyReplicas": 3, "availableReplicas": 3, "updatedReplicas": 3}
+
+
+class Setup:
+    def __init__(self, dyn: DynamicClient) -> None:
+        self.dyn = dyn
+        self.bus: EventBus
+        self.app: service.Aggregator
+        self._n = 0
+
+    async def resource(self, obj: Any) -> Any:
+        return await kube.resource_for(self.dyn, obj["apiVersion"], obj["kind"])
+
+    async def create(self, obj: Any) -> dict[str, Any]:
+        return kube.checked(await self.dyn.create(await self.resource(obj), body=obj))
+
+    async def get(self, obj: Any) -> dict[str, Any]:
+        meta = obj["metadata"]
+        return kube.checked(
+            await self.dyn.get(
+                await self.resource(obj), name=meta["name"], namespace=meta.get("namespace")
+            )
+        )
+
+    async def publish(self, payload: events.AnyPayload, key: str, revision: int = 0) -> None:
+        self._n += 1
+        await self.bus.publish(
+            events.envelope(payload, key=key, producer="test", revision=revision, dedupe=(self._n,))
+        )
+
+    async def placed(self, obj: Any, *clusters: tuple[str, int, PlacementState]) -> None:
+        decision = builders.decided(obj, *clusters, decision_id=f"d{self._n}", reason="split")
+        await self.publish(decision, decision.ref.key)
+
+    async def member(self, obj: Any, cluster: str, hub_generation: int = 1, **status: Any) -> None:
+        ref = events.ObjectRef.of(obj)
+        observed = events.MemberStatusObserved(
+            ref=ref,
+            cluster=cluster,
+            status=status,
+            observed_generation=1,
+            generation=1,
+            hub_generation=hub_generation,
+            ready=status.get("availableReplicas") == status.get("replicas"),
+        )
+        await self.publish(observed, ref.key)
+
+    async def cluster(self, name: str, ready: bool, revision: int) -> None:
+        obj = {
+            "apiVersion": "flotilla.io/v1alpha1",
+            "kind": "Cluster",
+            "metadata": {"name": name},
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+        }
+        await self.publish(
+            events.ClusterObserved(cluster=name, object=obj), f"cluster/{name}", revision
+        )
+
+
+@contextlib.asynccontextmanager
+async def aggregator(
+    kubesim_factory: Any, nats_server: NatsServer, prefix: str, *, window: float = 0.2
+) -> AsyncIterator[Setup]:
+    hub: KubeSim = await kubesim_factory("hub", hub=True)
+    settings = service_settings(
+        "aggregator",
+        nats_server,
+        prefix,
+        service.AggregatorSettings,
+        coalesce_window=window,
+    )
+    api = await config.new_client_from_config_dict(hub.kubeconfig())
+    async with api, DynamicClient(api) as dyn:
+        await kube.install_crds(api, CRD_DIR.glob("*.yaml"))
+        namespace: Any = {"metadata": {"name": NS}}
+        with contextlib.suppress(Exception):
+            await k8s.CoreV1Api(api).create_namespace(namespace)
+        with kubeconfig_file(hub.kubeconfig()) as kubeconfig:
+            settings = settings.model_copy(update={"hub_kubeconfig": kubeconfig})
+            setup = Setup(dyn)
+            async with started(settings, service.setup) as running:
+                setup.bus = running.runtime.bus
+                setup.app = running.app
+                yield setup
+
+
+def web(replicas: int = 9) -> dict[str, Any]:
+    return manifest(
+        "apps/v1",
+        "Deployment",
+        {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": template(pod_spec(container())),
+        },
+        name="web",
+        namespace=NS,
+    )
+
+
+A, R = PlacementState.ACTIVE, PlacementState.RETIRING
+
+
+async def test_nine_replicas_three_ways_one_write_and_a_dead_member_goes_stale(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    async with aggregator(kubesim_factory, nats_server, f"ag{unique}", window=1.0) as s:
+        obj = await s.create(web())
+        await s.placed(obj, ("a", 3, A), ("b", 3, A), ("c", 3, A))
+        for cluster in "abc":  # several reports per member inside one window
+            await s.member(obj, cluster, replicas=3, readyReplicas=1)
+            await s.member(obj, cluster, replicas=3, readyReplicas=2)
+            await s.member(obj, cluster, **FULL)
+
+        async def aggregated() -> dict[str, Any] | None:
+            hub = await s.get(obj)
+            written = CLUSTER_STATUS_ANNOTATION in (hub["metadata"].get("annotations") or {})
+            return hub if written and hub.get("status", {}).get("readyReplicas") == 9 else None
+
+        hub = await eventually(aggregated, what="readyReplicas 9 on the hub")
+        assert hub["status"]["availableReplicas"] == 9
+        assert hub["status"]["observedGeneration"] == 1
+        annotations = hub["metadata"]["annotations"]
+        placement = json.loads(annotations[PLACEMENT_ANNOTATION])
+        assert [c["cluster"] for c in placement["clusters"]] == ["a", "b", "c"]
+        breakdown = json.loads(annotations[CLUSTER_STATUS_ANNOTATION])
+        assert [(e["cluster"], e["status"]["readyReplicas"]) for e in breakdown] == [
+            ("a", 3),
+            ("b", 3),
+            ("c", 3),
+        ]
+        # Ten events (a placement and nine reports) became one write of each kind.
+        await eventually(lambda: not s.app._pending, what="no flush pending")
+        assert (s.app.status_writes, s.app.annotation_writes) == (1, 1)
+
+        await s.cluster("b", ready=False, revision=5)
+
+        async def stale() -> dict[str, Any] | None:
+            hub = await s.get(obj)
+            entries = json.loads(hub["metadata"]["annotations"][CLUSTER_STATUS_ANNOTATION])
+            marked = {e["cluster"]: e["stale"] for e in entries}.get("b")
+            return hub if marked and hub["status"].get("availableReplicas") == 6 else None
+
+        hub = await eventually(stale, what="availableReplicas 6 with b down")
+        entries = json.loads(hub["metadata"]["annotations"][CLUSTER_STATUS_ANNOTATION])
+        assert {e["cluster"]: e["stale"] for e in entries} == {"a": False, "b": True, "c": False}
+
+        # A report identical to what the hub shows writes nothing.
+        writes = s.app.status_writes
+        await s.member(obj, "a", **FULL)
+        await eventually(lambda: not s.app._pending, what="no flush pending")
+        assert s.app.status_writes == writes
+
+
+async def test_a_conflicting_hub_write_is_retried_from_the_latest_object(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    async with aggregator(kubesim_factory, nats_server, f"ag{unique}", window=0.3) as s:
+        obj = await s.create(web(3))
+        resource = await s.resource(obj)
+        real_replace = s.dyn.replace
+        raced = False
+
+        async def racing_replace(*args: Any, **kwargs: Any) -> Any:
+            nonlocal raced
+            if not raced:  # someone else changes the object between read and write
+                raced = True
+                patch = {"metadata": {"labels": {"touched": "yes"}}}
+                await s.dyn.patch(
+                    resource,
+                    patch,
+                    name="web",
+                    namespace=NS,
+                    content_type="application/merge-patch+json",
+                )
+            return await real_replace(*args, **kwargs)
+
+        s.app.dyn.replace = racing_replace  # type: ignore[method-assign]
+        await s.placed(obj, ("a", 3, A))
+        await s.member(obj, "a", **FULL)
+
+        async def written() -> dict[str, Any] | None:
+            hub = await s.get(obj)
+            return hub if hub.get("status", {}).get("readyReplicas") == 3 else None
+
+        hub = await eventually(written, what="status written after the conflict")
+        assert s.app.conflicts >= 1
+        assert hub["metadata"]["labels"]["touched"] == "yes"
+
+
+async def test_a_restarted_aggregator_still_knows_every_member(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    prefix = f"ag{unique}"
+    async with aggregator(kubesim_factory, nats_server, prefix) as s:
+        obj = await s.create(web(6))
+        await s.placed(obj, ("a", 3, A), ("b", 3, R))
+        await s.member(obj, "a", **FULL)
+        await s.member(obj, "b", **FULL)
+        await eventually(lambda: s.app.status_writes == 1, what="first write")
+    async with aggregator(kubesim_factory, nats_server, prefix) as s:
+        obj = await s.create(web(6))  # a fresh hub: only the durable records remember
+        await s.member(obj, "a", replicas=3, readyReplicas=2, availableReplicas=2)
+
+        async def folded() -> dict[str, Any] | None:
+            hub = await s.get(obj)
+            return hub if hub.get("status", {}).get("readyReplicas") == 5 else None
+
+        await eventually(folded, what="a's new report folded with b's remembered one")

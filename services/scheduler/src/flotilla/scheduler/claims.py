@@ -1,0 +1,152 @@
+"""Claims: what one decision reserves and releases in the capacity cache, as one unit.
+
+A decision that changes a placement claims room on every Active cluster whose
+replicas changed and releases what it held on the clusters it left. `plan` turns
+(previous placement, new placement) into a `Plan`; `Claims.submit` sends the whole
+plan as one atomic, all-or-nothing claim (`capacity.CapacityCache.claim`): either
+every claim fits and everything is applied, or nothing changes and the clusters
+that refused are named. Reservation ids are the object's key (``key#component``
+for each component of a multi-component object), so a retried or redelivered
+claim replaces itself and never counts twice.
+
+`Plan.delta` is what the plan changes in each cluster's reserved totals, so the
+read model can apply the replica's own claims locally instead of re-reading them.
+`Claims.undo` puts back what a plan changed when the record it was for lost its
+compare-and-set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from flotilla.common import capacity
+from flotilla.common.api import PlacementState
+from flotilla.common.capacity import CapacityCache, Claim, Requests
+from flotilla.common.events import ClusterPlacement, ResourceAnalyzed
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One decision's reservations: claims and releases, and how to undo them."""
+
+    claims: tuple[Claim, ...] = ()
+    releases: tuple[tuple[str, str], ...] = ()
+    """(cluster, reservation id) held on clusters the object left."""
+    undo_claims: tuple[Claim, ...] = ()
+    undo_releases: tuple[tuple[str, str], ...] = ()
+    delta: dict[str, Requests] = field(default_factory=dict)
+    """Cluster → change of its reserved totals once the plan is applied."""
+
+    @property
+    def clusters(self) -> set[str]:
+        return {c.cluster for c in self.claims} | {cluster for cluster, _ in self.releases}
+
+    def __bool__(self) -> bool:
+        return bool(self.claims or self.releases)
+
+
+def shapes(key: str, analyzed: ResourceAnalyzed, placement: ClusterPlacement) -> list[Claim]:
+    """The reservations one placement holds.
+
+    A multi-component object reserves each component under its own id: one
+    reservation of the summed set would be judged against single nodes, where a
+    set that spans nodes never fits.
+    """
+    cluster = placement.cluster
+    if analyzed.components:
+        return [
+            Claim(cluster, f"{key}#{c.name}", dict(c.requests), c.replicas)
+            for c in analyzed.components
+            if c.replicas > 0
+        ]
+    replicas = placement.replicas if placement.replicas is not None else 1
+    if replicas <= 0:
+        return []
+    return [Claim(cluster, key, dict(analyzed.requests), replicas)]
+
+
+def reservation_ids(key: str, analyzed: ResourceAnalyzed) -> list[str]:
+    """Every id the object may hold a reservation under on one cluster."""
+    return [key] + [f"{key}#{c.name}" for c in analyzed.components]
+
+
+def active(placements: Iterable[ClusterPlacement]) -> dict[str, ClusterPlacement]:
+    return {p.cluster: p for p in placements if p.state is PlacementState.ACTIVE}
+
+
+def _total(claims: Iterable[Claim]) -> Requests:
+    return capacity.add(
+        *(capacity.scale(capacity.pod_shape(c.per_replica), c.replicas) for c in claims)
+    )
+
+
+def plan(
+    key: str,
+    analyzed: ResourceAnalyzed,
+    previous: Sequence[ClusterPlacement],
+    chosen: Sequence[ClusterPlacement],
+    *,
+    held_for: ResourceAnalyzed | None = None,
+) -> Plan:
+    """The reservations that take `key` from `previous` to `chosen`.
+
+    `held_for` is the object as it was when `previous` was claimed (its requests
+    then); it defaults to `analyzed`. A cluster whose Active replicas did not change
+    is not claimed again: its reservation (or its reported pods) already count.
+    """
+    before = active(previous)
+    was = held_for if held_for is not None else analyzed
+    claims: list[Claim] = []
+    for placement in chosen:
+        if placement.state is not PlacementState.ACTIVE:
+            continue
+        old = before.get(placement.cluster)
+        if old is not None and (old.replicas or 0) == (placement.replicas or 0):
+            continue
+        claims.extend(shapes(key, analyzed, placement))
+    kept = {p.cluster for p in chosen}
+    left = list(dict.fromkeys(p.cluster for p in previous if p.cluster not in kept))
+    releases = [(cluster, rid) for cluster in left for rid in reservation_ids(key, analyzed)]
+    touched = list(dict.fromkeys([c.cluster for c in claims] + left))
+    undo_claims = [c for name in touched if name in before for c in shapes(key, was, before[name])]
+    undo_releases = [(c.cluster, c.reservation_id) for c in claims if c.cluster not in before]
+    delta: dict[str, Requests] = {}
+    for name in touched:
+        held = _total(c for c in undo_claims if c.cluster == name)
+        new = _total(c for c in claims if c.cluster == name)
+        change = {r: new.get(r, 0) - held.get(r, 0) for r in new.keys() | held.keys()}
+        delta[name] = {r: amount for r, amount in change.items() if amount}
+    return Plan(
+        claims=tuple(claims),
+        releases=tuple(releases),
+        undo_claims=tuple(undo_claims),
+        undo_releases=tuple(undo_releases),
+        delta=delta,
+    )
+
+
+class Claims:
+    """Sends plans to the capacity cache, with a bound on calls in flight."""
+
+    def __init__(self, cache: CapacityCache, ttl: float, slots: asyncio.Semaphore) -> None:
+        self.cache = cache
+        self.ttl = ttl
+        self._slots = slots
+
+    async def submit(self, plan: Plan) -> set[str]:
+        """Apply `plan` all or nothing; the clusters that refused (empty: applied)."""
+        if not plan:
+            return set()
+        async with self._slots:
+            return await self.cache.claim(plan.claims, self.ttl, releases=plan.releases)
+
+    async def undo(self, plan: Plan) -> None:
+        """Put back what an applied `plan` changed (nothing is refused)."""
+        if not (plan.undo_claims or plan.undo_releases):
+            return
+        async with self._slots:
+            await self.cache.claim(
+                plan.undo_claims, self.ttl, releases=plan.undo_releases, check=False
+            )
