@@ -57,6 +57,7 @@ bench: bootstrap
 	$(PY) bench/scheduler.py
 	$(PY) bench/kubesim.py
 	$(PY) bench/transformer.py
+	$(PY) bench/syncer.py
 	$(PY) bench/drain.py
 
 lock: $(UV)

@@ -8,8 +8,10 @@ process (``python -m flotilla.<service>``), configured only through its
 ``FLOTILLA_*`` variables, exactly as in production. The test then talks to the
 hub as a user would and reads the bus as an operator would.
 
-Until the syncer reports member capacity and readiness, `Fleet.register` writes
-each member's capacity record into Redis and its `Cluster` status by hand.
+With the syncer among the services, registering a member (its kubeconfig Secret
+and `Cluster`) is all it takes: the syncer writes the capacity record and the
+Cluster's Ready status. A fleet started without the syncer (``services=`` without
+it) has `Fleet.register` write both by hand instead (`Fleet.by_hand`).
 """
 
 from __future__ import annotations
@@ -33,16 +35,32 @@ from nats.aio.msg import Msg
 
 from flotilla.cli.environment import MEMBERS, NODES, member_capacity, member_objects
 from flotilla.common import events, kube
+from flotilla.common.bus import Bus
 from flotilla.common.infra import NatsServer, RedisServer
 from flotilla.common.rediscapacity import RedisCapacityCache
 from flotilla.common.testing import CRD_DIR, eventually
+from flotilla.common.topology import Topology
 from flotilla.kubesim.server import KubeSim
 from flotilla.kubesim.sim import SimOptions
 from flotilla.kubesim.testing import KubeSimFactory
+from flotilla.scheduler.records import ClusterRecord
 
 SYSTEM_NAMESPACE = "flotilla-system"
-SERVICES = ("watcher", "depdetector", "scheduler", "transformer", "aggregator", "drain")
+SERVICES = (
+    "watcher",
+    "depdetector",
+    "scheduler",
+    "transformer",
+    "syncer",
+    "aggregator",
+    "drain",
+)
 """The services built so far, started in this order."""
+STARTUP = 180.0
+"""Seconds for the services to come up: several Python processes importing at once
+on a small shared machine take a while."""
+HEARTBEAT = 1.0
+"""The syncer's heartbeat in the fixture (seconds): Ready and capacity come quickly."""
 
 
 class Fleet:
@@ -55,8 +73,11 @@ class Fleet:
         redis_server: RedisServer,
         prefix: str,
         state: Path,
+        by_hand: bool = False,
     ) -> None:
         self.hub = hub
+        self.by_hand = by_hand
+        """Write capacity records and Ready by hand (no syncer in this fleet)."""
         self.members = members
         self.nats_server = nats_server
         self.redis_server = redis_server
@@ -83,6 +104,7 @@ class Fleet:
             "FLOTILLA_HEALTH_PORT": "0",
             "FLOTILLA_INSTANCE": f"{service}-1",
             "FLOTILLA_LOG_LEVEL": "INFO",
+            "FLOTILLA_HEARTBEAT_INTERVAL": str(HEARTBEAT),
         }
 
     async def start_service(self, service: str) -> None:
@@ -117,13 +139,16 @@ class Fleet:
         self, name: str, labels: Mapping[str, str], *, nodes: int = NODES, ready: bool = True
     ) -> None:
         """A member as an operator registers it: its kubeconfig Secret and `Cluster`;
-        and (until the syncer exists) its capacity record and Ready status."""
+        and, in a fleet without the syncer (`by_hand`), its capacity record and
+        Ready status."""
         core = k8s.CoreV1Api(self.api)
         secret, cluster = member_objects(
             name, labels, json.dumps(self.members[name].kubeconfig()), SYSTEM_NAMESPACE
         )
         await core.create_namespaced_secret(SYSTEM_NAMESPACE, secret)
         created = await self.create(cluster)
+        if not self.by_hand:
+            return
         cache = RedisCapacityCache.from_url(
             self.redis_server.url, prefix=f"{self.prefix}:capacity:"
         )
@@ -146,18 +171,37 @@ class Fleet:
         body = {**created, "status": status}
         kube.checked(await self.dyn.replace(resource.status, body=body, name=name))
 
-    async def serve(self, name: str, *types: tuple[str, str]) -> None:
-        """Report `types` ((apiVersion, kind) pairs) as the member's ``apiResources``
-        (what the syncer reports), keeping the rest of its status."""
-        resource = await kube.resource_for(self.dyn, "flotilla.io/v1alpha1", "Cluster")
-        current = kube.checked(await self.dyn.get(resource, name=name))
-        served = []
-        for api_version, kind in types:
-            group, _, version = api_version.rpartition("/")
-            served.append({"group": group, "version": version, "kind": kind})
-        status = {**(current.get("status") or {}), "apiResources": served}
-        body = {**current, "status": status}
-        kube.checked(await self.dyn.replace(resource.status, body=body, name=name))
+    async def ready(self, name: str) -> str | None:
+        """The status of the member's Ready condition on the hub (None: not reported)."""
+        obj: dict[str, Any] = await k8s.CustomObjectsApi(self.api).get_cluster_custom_object(
+            "flotilla.io", "v1alpha1", "clusters", name
+        )
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        return next((c["status"] for c in conditions if c["type"] == "Ready"), None)
+
+    async def all_ready(self) -> bool:
+        return all([await self.ready(name) == "True" for name in self.members])
+
+    async def scheduler_sees_ready(self) -> bool:
+        """Whether the scheduler's own view of the clusters (what it decides against)
+        has every member Ready: the hub's status reaches it through the watcher."""
+        bus = await Bus.connect(
+            self.nats_server.url,
+            topology=Topology(prefix=self.prefix, partitions=4),
+            producer="fleet",
+            ensure=False,
+        )
+        try:
+            records = await bus.store(bus.topology.bucket("scheduler-clusters"), ClusterRecord)
+            for name in self.members:
+                entry = await records.get(name)
+                cluster = entry.value.cluster if entry else None
+                ready = cluster.status.condition("Ready") if cluster else None
+                if ready is None or ready.status != "True":
+                    return False
+            return True
+        finally:
+            await bus.close()
 
     # --- the hub, as a user --------------------------------------------------------------
 
@@ -232,6 +276,7 @@ async def running_fleet(
         redis_server=redis_server,
         prefix=prefix,
         state=state,
+        by_hand="syncer" not in services,
     )
     hub.write_kubeconfig(fleet.hub_kubeconfig)
     api = await k8s_config.new_client_from_config_dict(hub.kubeconfig(), context=hub.name)
@@ -257,6 +302,16 @@ async def running_fleet(
                     timeout=240,
                     what="every service started",
                 )
+                if not fleet.by_hand:
+                    # The syncer reports the members Ready once it is up; a test starts
+                    # from a fleet whose members can take work.
+                    await eventually(fleet.all_ready, timeout=STARTUP, what="every member Ready")
+                    if "scheduler" in services:
+                        await eventually(
+                            fleet.scheduler_sees_ready,
+                            timeout=STARTUP,
+                            what="the scheduler seeing every member Ready",
+                        )
                 yield fleet
             finally:
                 for service in list(fleet.processes):

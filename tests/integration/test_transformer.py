@@ -11,6 +11,7 @@ from kubernetes_asyncio import client as k8s
 
 from flotilla.common import events
 from flotilla.common.testing import eventually, schemaless_crd
+from flotilla.kubesim.testing import api_client
 
 from .fleet import MEMBERS, Fleet
 from .test_end_to_end import NS, fleet, web
@@ -129,12 +130,10 @@ async def test_a_type_one_member_lacks_stays_off_it_with_a_warning(fleet: Fleet)
     await fleet.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
     crd: Any = WIDGET_CRD
     await k8s.ApiextensionsV1Api(fleet.api).create_custom_resource_definition(crd)
-    common = (("v1", "Namespace"), ("v1", "ConfigMap"), ("apps/v1", "Deployment"))
-    for member in MEMBERS:
-        if member == "eu-central":
-            await fleet.serve(member, *common)
-        else:
-            await fleet.serve(member, *common, ("example.com/v1", "Widget"))
+    # The syncer reports what each member serves: only two members get the type.
+    for member in ("us-east", "us-west"):
+        async with api_client(fleet.members[member]) as member_api:
+            await k8s.ApiextensionsV1Api(member_api).create_custom_resource_definition(crd)
     await fleet.create(
         {
             "apiVersion": "flotilla.io/v1alpha1",

@@ -159,6 +159,41 @@ async def test_a_changed_secret_rebuilds_the_client_without_a_failure(
 
 
 @pytest.mark.integration
+async def test_a_cluster_status_write_keeps_the_client(fleet: Fleet) -> None:
+    """The syncer writes every Cluster's status each heartbeat: that must not cost a
+    new client (and every watch open on the old one); a spec change does."""
+    now = [0.0]
+    pool = members.MemberClients(
+        fleet.api, timeouts=FAST, revalidate_after=1.0, clock=lambda: now[0]
+    )
+    try:
+        await fleet.member("m1")
+        before = await pool.client("m1")
+        custom = client.CustomObjectsApi(fleet.api)
+        for beat in range(3):
+            cluster = await custom.get_cluster_custom_object(
+                "flotilla.io", "v1alpha1", "clusters", "m1"
+            )
+            cluster["status"] = {"lastHeartbeatTime": f"2026-01-01T00:00:0{beat}Z"}
+            await custom.replace_cluster_custom_object_status(
+                "flotilla.io", "v1alpha1", "clusters", "m1", cluster
+            )
+            now[0] += 2.0  # past revalidate_after: the pool reads the hub again
+            assert await pool.client("m1") is before
+        cluster = await custom.get_cluster_custom_object(
+            "flotilla.io", "v1alpha1", "clusters", "m1"
+        )
+        cluster["spec"]["unschedulable"] = True
+        await custom.replace_cluster_custom_object(
+            "flotilla.io", "v1alpha1", "clusters", "m1", cluster
+        )
+        now[0] += 2.0
+        assert await pool.client("m1") is not before
+    finally:
+        await pool.close()
+
+
+@pytest.mark.integration
 async def test_a_down_member_fails_fast_and_recovers(
     fleet: Fleet, pool: members.MemberClients
 ) -> None:

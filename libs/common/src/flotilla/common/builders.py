@@ -50,6 +50,43 @@ def template(spec: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"metadata": {"labels": {"app": "web"}}, "spec": spec or pod_spec()}
 
 
+def deployment(
+    name: str = "web",
+    namespace: str = "shop",
+    *,
+    replicas: int = 1,
+    requests: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A Deployment whose selector and pod labels are its own (``app: <name>``), so
+    several of them can share a namespace."""
+    pods = {
+        "metadata": {"labels": {"app": name}},
+        "spec": pod_spec(container(requests=requests or {})),
+    }
+    spec = {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "template": pods}
+    return manifest("apps/v1", "Deployment", spec, name=name, namespace=namespace)
+
+
+def rendered(
+    obj: dict[str, Any], *, decision: str = "d1", hub_generation: int = 1
+) -> dict[str, Any]:
+    """`obj` marked as the transformer marks every object it renders for a member: the
+    ``flotilla.io/origin`` label and the origin, decision and hub-generation annotations."""
+    out = copy.deepcopy(obj)
+    meta = out.setdefault("metadata", {})
+    namespace = meta.get("namespace") or "_"
+    key = f"{out['apiVersion']}/{out['kind']}/{namespace}/{meta['name']}"
+    meta.setdefault("labels", {})["flotilla.io/origin"] = f"{out['kind'].lower()}-{meta['name']}"
+    meta.setdefault("annotations", {}).update(
+        {
+            "flotilla.io/origin": key,
+            "flotilla.io/decision": decision,
+            "flotilla.io/hub-generation": str(hub_generation),
+        }
+    )
+    return out
+
+
 # A multi-component workload: a FlinkDeployment with a job manager and task managers.
 FLINK_INTERPRETER: dict[str, Any] = {
     "apiVersion": "flotilla.io/v1alpha1",

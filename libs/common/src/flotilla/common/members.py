@@ -9,7 +9,8 @@ The pool reads the ``Cluster`` (flotilla.io/v1alpha1, cluster-scoped), follows
 material honoured and kept in memory.
 
 - A client is cached per cluster and revalidated after `revalidate_after`
-  seconds: a new resourceVersion of the Cluster or of the Secret (a moved
+  seconds: a new generation of the Cluster (its spec; status writes, which
+  happen every heartbeat, do not count) or resourceVersion of the Secret (a moved
   endpoint, a rotated token) builds a new client; otherwise the check costs two
   small reads on the hub. While the hub cannot be read, the cached client keeps
   serving.
@@ -83,7 +84,7 @@ class _Member:
     client: ApiClient | None = None
     secret_ref: api.SecretKeyRef | None = None
     versions: tuple[str, str] = ("", "")
-    """resourceVersions of the Cluster and the Secret the client was built from."""
+    """The Cluster's generation and the Secret's resourceVersion the client was built from."""
     checked_at: float = float("-inf")
     failures: int = 0
     retry_at: float = float("-inf")
@@ -199,7 +200,7 @@ class MemberClients:
                 delay=error.delay,
             ) from exc
         versions = (
-            str((obj.get("metadata") or {}).get("resourceVersion") or ""),
+            str((obj.get("metadata") or {}).get("generation") or ""),
             str((secret.get("metadata") or {}).get("resourceVersion") or ""),
         )
         if member.client is not None and versions == member.versions:

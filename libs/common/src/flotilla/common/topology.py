@@ -98,6 +98,9 @@ BUCKETS: tuple[BucketDeclaration, ...] = (
         "drain", "drain-objects", "each object's placement, availability and move progress"
     ),
     BucketDeclaration("drain", "drain-clusters", "each cluster's cordon, drain and readiness"),
+    BucketDeclaration(
+        "syncer", "syncer-works", "the last manifest applied per work (drift repair, restarts)"
+    ),
 )
 """Every service's buckets, created by `flotilla.common.bus.Bus.ensure`."""
 

@@ -1,1 +1,1 @@
-"""Flotilla syncer."""
+"""The syncer: applies rendered works to member clusters and reports them back."""
