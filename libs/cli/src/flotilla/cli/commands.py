@@ -379,10 +379,11 @@ async def _describe(env: environment.EnvFile, kind: str, name: str, namespace: s
         for placement in decided.clusters:
             replicas = "-" if placement.replicas is None else str(placement.replicas)
             out.append(f"  {placement.cluster:<16} {placement.state:<9} replicas={replicas}")
-        if decided.rejections:
+        rejected = decided.rejected_clusters()
+        if rejected:
             out.append("Rejected clusters:")
-            for cluster, reasons in sorted(decided.rejections.items()):
-                out.append(f"  {cluster:<16} {'; '.join(reasons)}")
+            for cluster in rejected:
+                out.append(f"  {cluster:<16} {'; '.join(decided.reasons_for(cluster))}")
     else:
         out.append(
             "Placement:        no decision recorded yet (is a placement policy selecting it?)"

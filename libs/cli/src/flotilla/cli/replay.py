@@ -111,7 +111,7 @@ class Outcome:
         return (
             frozenset(recorded.clusters) == frozenset(replayed.clusters)
             and recorded.deleted == replayed.deleted
-            and sorted(recorded.rejections) == sorted(replayed.rejections)
+            and recorded.rejected_clusters() == replayed.rejected_clusters()
         )
 
     def differences(self) -> list[str]:
@@ -125,9 +125,9 @@ class Outcome:
         if recorded.deleted != replayed.deleted:
             lines.append(f"- deleted: {recorded.deleted}")
             lines.append(f"+ deleted: {replayed.deleted}")
-        if sorted(recorded.rejections) != sorted(replayed.rejections):
-            lines.append(f"- rejected: {', '.join(sorted(recorded.rejections)) or 'none'}")
-            lines.append(f"+ rejected: {', '.join(sorted(replayed.rejections)) or 'none'}")
+        if recorded.rejected_clusters() != replayed.rejected_clusters():
+            lines.append(f"- rejected: {', '.join(recorded.rejected_clusters()) or 'none'}")
+            lines.append(f"+ rejected: {', '.join(replayed.rejected_clusters()) or 'none'}")
         if lines and recorded.reason != replayed.reason:
             lines.append(f"- reason: {recorded.reason}")
             lines.append(f"+ reason: {replayed.reason}")

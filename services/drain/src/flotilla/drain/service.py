@@ -272,7 +272,7 @@ class Coordinator:
                     "ref": decided.ref,
                     "clusters": list(decided.clusters),
                     "decision_id": decided.decision_id,
-                    "rejections": decided.rejections,
+                    "rejections": {c: decided.reasons_for(c) for c in decided.rejected_clusters()},
                     "members": {c: m for c, m in record.members.items() if c in names},
                 }
             )
