@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from flotilla.common.errors import ConfigError
 
 ENV_PREFIX = "FLOTILLA_"
+DEFAULT_CAPACITY_PREFIX = "flotilla:capacity:"
 
 
 DEFAULT_SYSTEM_NAMESPACE = "flotilla-system"
@@ -77,6 +78,12 @@ class Settings(BaseSettings):
     )
     kube_watch_timeout: int = Field(
         default=300, ge=1, description="server-side timeoutSeconds of a watch that sets none"
+    )
+    capacity_prefix: str = Field(
+        default=DEFAULT_CAPACITY_PREFIX,
+        min_length=1,
+        description="Redis key prefix of the capacity cache (every service that reads or "
+        "writes capacity uses the same one)",
     )
     system_namespace: str = Field(
         default=DEFAULT_SYSTEM_NAMESPACE,

@@ -19,6 +19,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from flotilla.common import config
 from flotilla.common.capacity import (
     Claim,
     ClusterCapacity,
@@ -260,7 +261,7 @@ return out
 """
 )
 
-DEFAULT_PREFIX = "flotilla:capacity:"
+DEFAULT_PREFIX = config.DEFAULT_CAPACITY_PREFIX
 
 
 @contextlib.contextmanager

@@ -143,16 +143,6 @@ def _bool_param(value: str | None) -> bool:
     return value is not None and value.lower() in ("true", "1")
 
 
-def _int_param(query: Mapping[str, str], name: str) -> int | None:
-    value = query.get(name)
-    if value in (None, ""):
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise bad_request(f"{name} must be an integer, got {value!r}") from None
-
-
 def _depth_exceeds(value: Any, limit: int) -> bool:
     """Whether JSON data nests deeper than `limit` (iterative: no recursion to run out of)."""
     stack = [(value, 1)]
@@ -240,7 +230,7 @@ async def _pod_log(
     kubesim: KubeSim, request: web.Request, rt: ResourceType, namespace: str, name: str
 ) -> web.StreamResponse:
     pod = kubesim.store.get_frozen(rt, namespace, name)
-    tail = _int_param(request.query, "tailLines")
+    tail = pagination.int_param(request.query, "tailLines")
     text = access.pod_log(pod, request.query.get("container"), tail)
     return web.Response(text=text, content_type="text/plain")
 

@@ -105,7 +105,7 @@ from flotilla.common.events import (
     ResourceAnalyzed,
 )
 from flotilla.common.middleware import Reporter
-from flotilla.common.rediscapacity import DEFAULT_PREFIX, RedisCapacityCache
+from flotilla.common.rediscapacity import RedisCapacityCache
 from flotilla.common.router import Router
 from flotilla.common.service import Runtime
 from flotilla.common.store import Conflict, Follower, Store
@@ -150,11 +150,6 @@ class SchedulerSettings(Settings):
         gt=0,
         description="seconds before a reservation no placement record backs is released "
         "(and between those checks)",
-    )
-    capacity_prefix: str = Field(
-        default=DEFAULT_PREFIX,
-        min_length=1,
-        description="Redis key prefix of the capacity cache (the syncer's must match)",
     )
 
 

@@ -71,7 +71,7 @@ from flotilla.common.dispatch import EventBus, Received
 from flotilla.common.errors import ConfigError, FlotillaError, InvalidObject
 from flotilla.common.events import ObjectRef, WorkRendered
 from flotilla.common.members import MemberClients
-from flotilla.common.rediscapacity import DEFAULT_PREFIX, RedisCapacityCache
+from flotilla.common.rediscapacity import RedisCapacityCache
 from flotilla.common.router import Router
 from flotilla.common.service import Runtime
 from flotilla.common.store import Follower, MemoryBucket, Store
@@ -95,11 +95,6 @@ class SyncerSettings(Settings):
     )
     missed_heartbeats: int = Field(
         default=3, ge=1, description="heartbeats a member may miss before it is not Ready"
-    )
-    capacity_prefix: str = Field(
-        default=DEFAULT_PREFIX,
-        min_length=1,
-        description="Redis key prefix of the capacity cache (the scheduler's must match)",
     )
     syncer_cluster: str | None = Field(
         default=None,
