@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+STOP_GRACE = 10.0
+"""Seconds `MemberAgent.stop` waits for its cancelled loops."""
+
 STATUS_MANAGER = "flotilla-syncer"
 DISCOVERY_EVERY = 6
 """Heartbeats between two reads of the member's API discovery."""
@@ -111,7 +114,11 @@ class ClusterAgent:
         tasks = [t for t in (self._heartbeat, *self._watches.values()) if t is not None]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            # A task cancelled in the middle of a connection to a member that stopped
+            # answering may only finish once that connection fails: shutting down does
+            # not wait on it for ever.
+            await asyncio.wait(tasks, timeout=STOP_GRACE)
         self._heartbeat = None
         self._watches.clear()
 
