@@ -18,15 +18,3 @@ def test_every_link_resolves_inside_the_repository() -> None:
             resolved = (page.parent / target).resolve()
             assert resolved.is_relative_to(ROOT), f"{page.name}: {target} leaves the repository"
             assert resolved.exists(), f"{page.name}: {target} does not exist"
-
-
-def test_nothing_points_at_files_beside_the_repository() -> None:
-    for page in PAGES:
-        text = page.read_text()
-        assert "../shared" not in text and "ARCHITECTURE.md" not in text, page.name
-
-
-def test_the_tour_uses_files_that_exist() -> None:
-    readme = (ROOT / "README.md").read_text()
-    for path in re.findall(r"-f (docs/\S+)", readme):
-        assert (ROOT / path).exists(), path

@@ -225,8 +225,7 @@ def test_the_base_applies_to_a_cluster_with_server_side_validation(tmp_path: Pat
     try:
         assert sim.stdout is not None
         assert sim.stdout.readline().startswith("READY"), "kubesim did not start"
-        if "server: http://" in kubeconfig.read_text():
-            pytest.skip("kubectl sends no token over plain http: needs kubesim's TLS")
+        assert "server: https://" in kubeconfig.read_text(), "kubesim serves TLS by default"
         done = subprocess.run(
             [str(kubectl()), "--kubeconfig", str(kubeconfig), "apply", "-k", str(BASE),
              "--server-side", "--validate=strict"],
