@@ -84,7 +84,7 @@ def kubectl() -> Path:
         return fetched
     found = shutil.which("kubectl")
     if found is None:
-        pytest.skip("no kubectl")
+        pytest.skip("no kubectl on this machine and none fetched (issue 12)")
     return Path(found)
 
 

@@ -273,7 +273,7 @@ def test_kubectl_reads_the_started_hub(state: Path) -> None:
     fetched = sorted((Path(__file__).parents[3] / ".cache" / "kubectl").glob("kubectl-*"))
     kubectl = str(fetched[-1]) if fetched else shutil.which("kubectl")
     if kubectl is None:
-        pytest.skip("no kubectl (the kubesim kubectl suite fetches one into .cache/kubectl)")
+        pytest.skip("no kubectl: the kubesim suite fetches one into .cache/kubectl (issue 12)")
     done = subprocess.run(
         [kubectl, "get", "clusters"],
         capture_output=True,

