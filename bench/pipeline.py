@@ -7,7 +7,10 @@ each member on the hub (kubeconfig Secret + `Cluster`) and starts the seven
 services as real processes (``python -m flotilla.<service>``), configured only
 through ``FLOTILLA_*`` variables as in production. Once every member is Ready, the
 scheduler sees them so and a warm-up Deployment has gone all the way through, two
-phases create one-replica Deployments on the hub (HTTP, as a user would):
+phases create one-replica Deployments on the hub (HTTP, as a user would), round
+robin over `--namespaces` namespaces (default 1: every object of a namespace needs
+its Namespace on its member, so the transformer's bookkeeping of that shared
+dependency grows with the objects in it):
 
 - ``paced``: `--objects` Deployments offered at `--rate` per second (open loop: a
   slow create does not delay the next); its latencies are the figures "at N
@@ -68,7 +71,7 @@ from flotilla.kubesim.sim import SimOptions
 from flotilla.scheduler.records import ClusterRecord
 
 SYSTEM = "flotilla-system"
-NS = "bench"
+NS_PREFIX = "bench-"
 PREFIX = "benchpipe"
 PARTITIONS = 16
 SERVICES = ("watcher", "depdetector", "scheduler", "transformer", "syncer", "aggregator", "drain")
@@ -84,7 +87,7 @@ CREATE_CONCURRENCY = 32
 """Burst creates in flight at once (the hub answers each in about a millisecond)."""
 
 
-def deployment(name: str) -> dict[str, Any]:
+def deployment(namespace: str, name: str) -> dict[str, Any]:
     container = {
         "name": "app",
         "image": "registry.example.com/app:1",
@@ -93,7 +96,7 @@ def deployment(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "namespace": NS},
+        "metadata": {"name": name, "namespace": namespace, "labels": {"bench": "pipeline"}},
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": {"app": name}},
@@ -105,8 +108,20 @@ def deployment(name: str) -> dict[str, Any]:
     }
 
 
-def key_of(name: str) -> str:
-    return f"apps/v1/Deployment/{NS}/{name}"
+def key_of(namespace: str, name: str) -> str:
+    return f"apps/v1/Deployment/{namespace}/{name}"
+
+
+def objects_of(phase: str, count: int, namespaces: int) -> list[tuple[str, str]]:
+    """(namespace, name) of a phase's Deployments, round robin over the namespaces."""
+    return [(f"{NS_PREFIX}{i % namespaces}", f"{phase}{i:05d}") for i in range(count)]
+
+
+def mine(obj: Any) -> str | None:
+    """The key of a bench Deployment (None: not one)."""
+    metadata = obj["metadata"]
+    namespace = metadata.get("namespace") or ""
+    return key_of(namespace, metadata["name"]) if namespace.startswith(NS_PREFIX) else None
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -125,12 +140,12 @@ class Recorder:
     live would take CPU from the hub and members in this process)."""
 
     def on_hub(self, event: Any) -> None:
-        if event.type == "ADDED" and event.object["metadata"].get("namespace") == NS:
-            self.created.setdefault(key_of(event.object["metadata"]["name"]), time.time())
+        if event.type == "ADDED" and (key := mine(event.object)):
+            self.created.setdefault(key, time.time())
 
     def on_member(self, event: Any) -> None:
-        if event.type == "ADDED" and event.object["metadata"].get("namespace") == NS:
-            self.applied.setdefault(key_of(event.object["metadata"]["name"]), time.time())
+        if event.type == "ADDED" and (key := mine(event.object)):
+            self.applied.setdefault(key, time.time())
 
     async def on_message(self, msg: Msg) -> None:
         self.raw.append(msg.data)
@@ -181,10 +196,10 @@ class Pipeline:
         used = {name: cpu_seconds(p.pid) for name, p in self.processes.items()}
         return {**used, "bench": own_cpu_seconds()}
 
-    async def create(self, name: str) -> None:
-        url = f"{self.hub.url}/apis/apps/v1/namespaces/{NS}/deployments"
+    async def create(self, namespace: str, name: str) -> None:
+        url = f"{self.hub.url}/apis/apps/v1/namespaces/{namespace}/deployments"
         for attempt in range(5):
-            async with self.session.post(url, json=deployment(name)) as response:
+            async with self.session.post(url, json=deployment(namespace, name)) as response:
                 if response.status == 201:
                     return
                 text = await response.text()
@@ -244,25 +259,25 @@ async def settle(recorder: Recorder, keys: set[str], timeout: float) -> bool:
     return True
 
 
-async def paced(pipeline: Pipeline, names: list[str], rate: float) -> float:
+async def paced(pipeline: Pipeline, names: list[tuple[str, str]], rate: float) -> float:
     """Create `names` at `rate` per second, open loop; returns the rate achieved."""
     started = time.time()
     tasks: list[asyncio.Task[None]] = []
-    for i, name in enumerate(names):
+    for i, (namespace, name) in enumerate(names):
         due = started + i / rate
         await asyncio.sleep(max(due - time.time(), 0.0))
-        tasks.append(asyncio.create_task(pipeline.create(name)))
+        tasks.append(asyncio.create_task(pipeline.create(namespace, name)))
     await asyncio.gather(*tasks)
     return len(names) / max(time.time() - started, 1e-9)
 
 
-async def burst(pipeline: Pipeline, names: list[str]) -> float:
+async def burst(pipeline: Pipeline, names: list[tuple[str, str]]) -> float:
     started = time.time()
     queue = iter(names)
 
     async def worker() -> None:
-        for name in queue:
-            await pipeline.create(name)
+        for namespace, name in queue:
+            await pipeline.create(namespace, name)
 
     await asyncio.gather(*(worker() for _ in range(CREATE_CONCURRENCY)))
     return len(names) / max(time.time() - started, 1e-9)
@@ -316,11 +331,13 @@ def report(
 
 async def run(
     objects: int,
+    namespaces: int,
     member_count: int,
     rate: float,
     do_burst: bool,
     services: Sequence[str],
     folder: Path,
+    timeout: float | None = None,
 ) -> dict[str, Any]:
     phases = (1 if rate > 0 else 0) + (1 if do_burst else 0)
     per_member = math.ceil(phases * objects / member_count)
@@ -357,7 +374,7 @@ async def run(
         try:
             await kube.install_crds(api, CRD_DIR.glob("*.yaml"))
             core = k8s.CoreV1Api(api)
-            for namespace in (SYSTEM, NS):
+            for namespace in (SYSTEM, *(f"{NS_PREFIX}{i}" for i in range(namespaces))):
                 body: Any = {"metadata": {"name": namespace}}
                 await core.create_namespace(body)
             for member in members:
@@ -368,7 +385,11 @@ async def run(
                 "metadata": {"name": "bench"},
                 "spec": {
                     "resourceSelectors": [
-                        {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": NS}
+                        {
+                            "apiVersion": "apps/v1",
+                            "kind": "Deployment",
+                            "labelSelector": {"matchLabels": {"bench": "pipeline"}},
+                        }
                     ]
                 },
             }
@@ -411,30 +432,31 @@ async def run(
 
             await until(all_ready, 240, "every member Ready")
             await until(scheduler_sees, 120, "the scheduler seeing every member Ready")
-            await pipeline.create("warmup")
-            if not await settle(recorder, {key_of("warmup")}, 120):
+            await pipeline.create(f"{NS_PREFIX}0", "warmup")
+            if not await settle(recorder, {key_of(f"{NS_PREFIX}0", "warmup")}, 120):
                 raise SystemExit("the warm-up Deployment never reached a member")
 
             result: dict[str, Any] = {
                 "objects": objects,
                 "members": member_count,
+                "namespaces": namespaces,
                 "nodesPerMember": nodes,
                 "services": list(services),
                 "cpus": os.cpu_count(),
             }
-            wait = 120.0 + objects / 20.0
+            wait = timeout if timeout is not None else 120.0 + objects / 10.0
             if rate > 0:
-                names = [f"p{i:05d}" for i in range(objects)]
+                names = objects_of("p", objects, namespaces)
                 before = pipeline.cpu()
                 offered = await paced(pipeline, names, rate)
-                keys = [key_of(n) for n in names]
+                keys = [key_of(*n) for n in names]
                 complete = await settle(recorder, set(keys), wait)
                 result["paced"] = report(recorder, keys, offered, before, pipeline.cpu(), complete)
             if do_burst:
-                names = [f"b{i:05d}" for i in range(objects)]
+                names = objects_of("b", objects, namespaces)
                 before = pipeline.cpu()
                 offered = await burst(pipeline, names)
-                keys = [key_of(n) for n in names]
+                keys = [key_of(*n) for n in names]
                 complete = await settle(recorder, set(keys), wait)
                 result["burst"] = report(recorder, keys, offered, before, pipeline.cpu(), complete)
             result["goals"] = {"objectsPerSecond": 200, "latencyP99Ms": 500}
@@ -463,15 +485,29 @@ def main() -> None:
     parser.add_argument("--objects", type=int, default=5000, help="Deployments per phase")
     parser.add_argument("--members", type=int, default=20)
     parser.add_argument(
+        "--namespaces",
+        type=int,
+        default=1,
+        help="namespaces the Deployments are spread over (every object needs its own)",
+    )
+    parser.add_argument(
         "--rate", type=float, default=50.0, help="objects/s offered in the paced phase (0: skip)"
     )
     parser.add_argument("--no-burst", action="store_true", help="skip the burst phase")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        help="seconds a phase waits for its last object after creating them "
+        "(default 120 + objects/10); what is applied by then is reported",
+    )
     parser.add_argument(
         "--services",
         default=",".join(SERVICES),
         help="comma-separated services to start (default: all seven)",
     )
     args = parser.parse_args()
+    if min(args.objects, args.members, args.namespaces) < 1:
+        parser.error("--objects, --members and --namespaces must be at least 1")
     services = [s for s in args.services.split(",") if s]
     unknown = set(services) - set(SERVICES)
     if unknown:
@@ -481,11 +517,17 @@ def main() -> None:
         parser.error(f"the pipeline needs {', '.join(sorted(missing))}")
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as folder:
         try:
-            result = asyncio.run(
-                run(
-                    args.objects, args.members, args.rate, not args.no_burst, services, Path(folder)
-                )
+            phases = run(
+                args.objects,
+                args.namespaces,
+                args.members,
+                args.rate,
+                not args.no_burst,
+                services,
+                Path(folder),
+                args.timeout,
             )
+            result = asyncio.run(phases)
         finally:
             if os.environ.get("BENCH_KEEP_LOGS"):
                 keep = Path(os.environ["BENCH_KEEP_LOGS"])
