@@ -1,6 +1,9 @@
-"""The transformer end to end: a hub object and its dependencies become one work per
-member cluster, and deleting the object removes every one of them
-(`fleet.running_fleet`: every built service as a real process)."""
+"""The transformer end to end, and with it the whole pipeline (`fleet.running_fleet`:
+every built service as a real process): a hub object and its dependencies become
+one work per member cluster it is placed on and land on exactly those members (read
+from each member with its own client), its pods running there; deleting the object
+removes every one of them. A type one member lacks stays off it, with a Warning
+Event on the hub object."""
 
 from __future__ import annotations
 
