@@ -16,6 +16,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from flotilla.cli.environment import MEMBERS
 from flotilla.common import builders, events
+from flotilla.common.api import ORIGIN_LABEL
 from flotilla.common.bus import Bus
 from flotilla.common.events import ObjectRef, WorkRendered
 from flotilla.common.rediscapacity import RedisCapacityCache
@@ -32,7 +33,6 @@ __all__ = ["fleet"]  # the end-to-end fixture
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 NS = "shop"
-ORIGIN = "flotilla.io/origin"
 
 
 def deployment(name: str, replicas: int = 3) -> dict[str, Any]:
@@ -114,7 +114,7 @@ async def ours(member: KubeSim, plural_path: str) -> list[str]:
         listed: dict[str, Any] = await api.call_api(
             plural_path,
             "GET",
-            query_params=[("labelSelector", ORIGIN)],
+            query_params=[("labelSelector", ORIGIN_LABEL)],
             auth_settings=["BearerToken"],
             response_types_map={200: "object"},
             _return_http_data_only=True,
