@@ -1,8 +1,10 @@
 """The syncer as a real process in the end-to-end fixture: works applied to kubesim
 members, status and capacity back, crash recovery, member outages.
 
-The transformer is not part of this fixture's services yet, so the tests publish
-the `WorkRendered` events it would, marked as it marks every rendered object."""
+The tests publish the `WorkRendered` events themselves, marked as the transformer
+marks every rendered object, for objects that are not on the hub: the fleet's own
+transformer renders nothing for them, so the syncer gets exactly the works a test
+gives it (the whole pipeline is `test_transformer.py`'s)."""
 
 from __future__ import annotations
 
