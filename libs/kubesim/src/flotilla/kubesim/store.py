@@ -825,8 +825,15 @@ class Store:
         *,
         subresource: str | None = None,
         dry_run: bool = False,
+        owned: bool = False,
     ) -> dict[str, Any]:
-        """Replace an object (or its status); with `dry_run`, the result without storing it."""
+        """Replace an object (or its status); with `dry_run`, the result without storing it.
+
+        `owned=True` is `create`'s: `obj` is handed over (no copy in; its nested parts
+        may be shared with stored objects, which nobody mutates) and the stored object
+        itself comes back, which the caller must not mutate: for the simulator, which
+        writes every pod several times and builds each write afresh.
+        """
         self._check_served(rt)
         if not isinstance(obj, dict):
             raise errors.bad_request("object must be a JSON object")
@@ -856,7 +863,7 @@ class Store:
         if subresource == "status":
             new: dict[str, Any] = dict(current)
             if "status" in obj:
-                new["status"] = clone(obj["status"])
+                new["status"] = obj["status"] if owned else clone(obj["status"])
             else:
                 new.pop("status", None)
             new["metadata"] = dict(cur_meta)
@@ -865,7 +872,7 @@ class Store:
             if rt.custom:
                 new = self._admitted(rt, new, current)
         elif subresource is None:
-            new = clone(obj)
+            new = obj if owned else clone(obj)
             new["apiVersion"] = rt.api_version
             new["kind"] = rt.kind
             meta = _meta(new)
@@ -914,18 +921,20 @@ class Store:
             raise errors.not_found(f"{rt.plural}/{subresource}", name, rt.group)
 
         if new == current:
-            return self._versioned(rt, current)
+            return current if owned else self._versioned(rt, current)
         if dry_run:
             return self._versioned(rt, new)
-        return self._commit_update(rt, current, new)
+        committed = self._commit_update(rt, current, new)
+        return committed if owned else self._versioned(rt, committed)
 
     def _commit_update(
         self, rt: ResourceType, current: dict[str, Any], new: dict[str, Any]
     ) -> dict[str, Any]:
+        """Store `new` in place of `current`; returns the stored object (never mutate it)."""
         meta = new["metadata"]
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             self._remove(rt, new)
-            return self._versioned(rt, new)
+            return new
         meta["resourceVersion"] = self._next_rv()
         if rt == resources.CRD:
             spec_changed = _spec_of(new) != _spec_of(current)
@@ -934,7 +943,7 @@ class Store:
         ns = self._ns(rt, meta.get("namespace"))
         self._put(rt, self._state(rt), ns, new, current)
         self._emit(rt, "MODIFIED", new, current)
-        return self._versioned(rt, new)
+        return new
 
     def _put(
         self,
@@ -1072,7 +1081,7 @@ class Store:
             for dep_uid in sorted(self._dependents.get(uid, ())):
                 self._delete_by_uid(dep_uid, "Foreground")
             self._maybe_finish_foreground(uid)
-        return result
+        return self._versioned(rt, result)
 
     def _delete_by_uid(self, uid: str, propagation: str) -> None:
         where = self._by_uid.get(uid)
