@@ -119,15 +119,11 @@ SHARED_CACHE_SIZE = 4096
 _NO_GENERATION = frozenset({("", "Event"), ("events.k8s.io", "Event")})
 
 
-def _share_key(value: Any) -> str | None:
-    """The JSON text of `value` (which tells 1, 1.0 and true apart), or None for what
-    is not JSON data."""
-    try:
-        # Without arguments json.dumps reuses its module-level C encoder (several times
-        # faster than building one per call, which this runs on every pod write).
-        return json.dumps(value)
-    except (TypeError, ValueError):
-        return None
+def _share_key(value: Any) -> str:
+    """A text equal for equal JSON data and different otherwise: `repr` tells 1, 1.0
+    and true apart (as JSON text would) and, written in C throughout, is 2-4 times
+    cheaper than `json.dumps`, which this runs on every pod write."""
+    return repr(value)
 
 
 @dataclass(frozen=True)
@@ -964,6 +960,9 @@ class Store:
         bucket[name] = new
         uid = new["metadata"]["uid"]
         self._by_uid[uid] = (rt, ns, name)
+        refs = new["metadata"].get("ownerReferences")
+        if old is not None and old["metadata"].get("ownerReferences") is refs:
+            return  # the same owners (most writes): nothing to re-index
         old_owners = _owner_uids(old) if old is not None else set()
         new_owners = _owner_uids(new)
         for owner in old_owners - new_owners:
@@ -1008,8 +1007,6 @@ class Store:
 
     def _canonical(self, value: Any) -> Any:
         key = _share_key(value)
-        if key is None:
-            return value
         found = self._shared.get(key)
         if found is not None:
             return found
