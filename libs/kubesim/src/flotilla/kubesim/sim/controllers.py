@@ -23,10 +23,10 @@ from typing import Any
 
 from flotilla.kubesim.errors import ApiError
 from flotilla.kubesim.resources import ResourceType
+from flotilla.kubesim.schema import clone
 from flotilla.kubesim.sim import pods, scheduling
 from flotilla.kubesim.sim.scheduling import NodeInfo, PodSchedulingSpec
 from flotilla.kubesim.sim.state import ClusterState, Key, PodRecord
-from flotilla.kubesim.schema import clone
 from flotilla.kubesim.store import Store, now_rfc3339
 
 POD_TEMPLATE_HASH = "pod-template-hash"
