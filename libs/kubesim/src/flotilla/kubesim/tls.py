@@ -41,7 +41,8 @@ IDLE_SECONDS = 10.0
 
 
 class CertificateError(RuntimeError):
-    """The certificate helper process failed (its stderr is in the message)."""
+    """The certificate helper refused a request (the reason is in the message) or went
+    away without answering (a crash prints its traceback on this process's stderr)."""
 
 
 @dataclass(frozen=True)
