@@ -4,19 +4,28 @@ See `flotilla.common.capacity` for the models and the fit rule this shares with 
 fake. The Redis side is two small Lua scripts rather than a library: nothing
 maintained offers an atomic "check several resource amounts against a record minus
 live, expiring claims, then claim" on Redis.
+
+Claims are the hot path (one per scheduling decision), so `RedisCapacityCache.claim`
+pipelines them: the claims of concurrent callers that arrive while a pipeline is
+in flight go out together in the next one (one write, one round trip), each still
+its own atomic script call, in the order they were made. redis-py pipelines but
+does not coalesce calls of independent callers, hence the small queue here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from pydantic import SecretStr
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from flotilla.common import config
@@ -283,6 +292,11 @@ class RedisCapacityCache:
         self._client = client
         self._prefix = prefix
         self._claim = client.register_script(_CLAIM)
+        self._queued: list[tuple[list[str | int], asyncio.Future[list[bytes | str]]]] = []
+        """Claims waiting for the pipeline in flight to return (see `claim`)."""
+        self._sender: asyncio.Task[None] | None = None
+        self.claim_round_trips = 0
+        """Pipelines of claims sent (for tests and benchmarks)."""
         self._parsed: dict[bytes | str, tuple[bytes | str, ClusterCapacity]] = {}
         self._release = client.register_script(_RELEASE)
         self._snapshot = client.register_script(_SNAPSHOT)
@@ -410,9 +424,69 @@ class RedisCapacityCache:
         for cluster, reservation_id in releases:
             args.extend([cluster, reservation_id])
         where = ", ".join(sorted({one.cluster for one in claims} | {c for c, _ in releases}))
+        future: asyncio.Future[list[bytes | str]] = asyncio.get_running_loop().create_future()
+        self._queued.append((args, future))
+        if self._sender is None:
+            self._sender = asyncio.create_task(self._send_claims())
         with _unavailable(f"claim on {where}"):
-            refused = await self._claim(keys=[f"{self._prefix}clusters"], args=args)
+            refused = await future
         return {_text(name) for name in refused}
+
+    async def _send_claims(self) -> None:
+        """Send the queued claims, one pipeline at a time, until none are left."""
+        batch: list[tuple[list[str | int], asyncio.Future[list[bytes | str]]]] = []
+        try:
+            while self._queued:
+                # A caller that gave up before its claim was sent never claims.
+                batch = [(args, f) for args, f in self._queued if not f.done()]
+                self._queued = []
+                if not batch:
+                    continue
+                try:
+                    replies = await self._pipelined([args for args, _ in batch])
+                except Exception as exc:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, future), reply in zip(batch, replies, strict=True):
+                    if future.done():
+                        continue
+                    if isinstance(reply, BaseException):
+                        future.set_exception(reply)
+                    else:
+                        future.set_result(reply)
+                batch = []
+        except BaseException as exc:
+            # Cancelled (the client closing): nobody may wait for ever.
+            for _, future in batch + self._queued:
+                if not future.done():
+                    future.set_exception(RedisConnectionError(f"claim not sent: {exc!r}"))
+            self._queued = []
+            raise
+        finally:
+            self._sender = None
+
+    async def _pipelined(self, calls: list[list[str | int]]) -> list[Any]:
+        """One claim script call per args in one pipeline; each reply or its error. A
+        Redis that forgot the script (restarted) gets it again, and the calls it
+        refused for that are sent once more (they did not run)."""
+        key = f"{self._prefix}clusters"
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in range(2):
+            self.claim_round_trips += 1
+            async with self._client.pipeline(transaction=False) as pipe:
+                for i in todo:
+                    pipe.evalsha(self._claim.sha, 1, key, *calls[i])
+                answers = await pipe.execute(raise_on_error=False)
+            for i, answer in zip(todo, answers, strict=True):
+                replies[i] = answer
+            todo = [i for i in todo if isinstance(replies[i], NoScriptError)]
+            if not todo or attempt:
+                break
+            await self._client.script_load(_CLAIM)
+        return replies
 
     def _held_keys(self, cluster: str) -> list[str]:
         return [
