@@ -584,6 +584,7 @@ def test_patched_fleet_decides_like_a_fresh_one(
     )
     fresh = Fleet([c.build() for c in clusters], snapshot)
     assert patched.fingerprint == fresh.fingerprint
+    assert patched.views == fresh.views  # every field of a patched view carried over
     for obj in objects:
         warm = schedule(make_input(obj, patched, policy=policy, previous=previous))
         cold = schedule(make_input(obj, fresh, policy=policy, previous=previous))

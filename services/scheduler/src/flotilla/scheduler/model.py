@@ -255,6 +255,23 @@ class ClusterView:
             name_hash=hash64(cluster.metadata.name),
         )
 
+    def with_capacity(self, record: CapacityRecord | None) -> ClusterView:
+        """The same cluster with another capacity record (what `Fleet.patch` does per
+        patched cluster, once per decision; positional, a third of
+        ``dataclasses.replace``'s cost)."""
+        return ClusterView(
+            self.name,
+            self.labels,
+            self.taints,
+            self.unschedulable,
+            self.ready,
+            self.not_ready_reason,
+            self.api_resources,
+            record,
+            self.placements,
+            self.name_hash,
+        )
+
 
 def _shape(requests: Mapping[str, int]) -> dict[str, int]:
     shape = dict(requests)
@@ -414,7 +431,7 @@ class Fleet:
             else:
                 self.records[name] = record
             self._parts[name] = self._part(name, record)
-            view = dataclasses.replace(self.by_name[name], capacity=record)
+            view = self.by_name[name].with_capacity(record)
             views[self._position[name]] = self.by_name[name] = view
             self._changed_at[name] = self.epoch
         self.views = tuple(views)
