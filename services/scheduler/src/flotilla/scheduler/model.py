@@ -38,7 +38,6 @@ have ``redis`` in its import graph (the import-linter contract follows imports u
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import hashlib
 import json
