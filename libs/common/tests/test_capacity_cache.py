@@ -400,3 +400,30 @@ async def test_a_claim_given_up_before_it_was_sent_never_applies(
         with pytest.raises(asyncio.CancelledError):
             await second
         assert [r.id for r in await cache.reservations("c")] == ["sent"]
+
+
+async def test_a_snapshot_carries_a_record_only_to_a_reader_without_it(
+    redis_server: RedisServer, unique: str
+) -> None:
+    prefix = f"test:{unique}:stamps:"
+    async with (
+        RedisCapacityCache.from_url(redis_server.url, prefix=prefix) as cache,
+        RedisCapacityCache.from_url(redis_server.url, prefix=prefix) as other,
+    ):
+        await cache.put(record("a", {"cpu": 4000, "pods": 10}))
+        await cache.put(record("b", {"cpu": 2000, "pods": 10}))
+        first = await cache.snapshot()
+        assert cache.records_read == 2
+        assert await cache.reserve("a", "r", {"cpu": 1000}, 1, ttl=60)
+        second = await cache.snapshot()
+        assert cache.records_read == 2  # same records: only the totals came back
+        assert second.clusters["a"].reserved == {"cpu": 1000, "pods": 1}
+        assert second.clusters["b"] == first.clusters["b"]
+        await other.put(record("a", {"cpu": 8000, "pods": 10}, observed_at=200.0))
+        third = await cache.snapshot(["a"])
+        assert cache.records_read == 3  # rewritten by another writer: read again
+        assert third.clusters["a"].available == {"cpu": 8000, "pods": 10}
+        assert third.clusters["a"].reserved == {"cpu": 1000, "pods": 1}
+        await other.remove("b")
+        assert set((await cache.snapshot()).clusters) == {"a"}
+        assert (await other.snapshot()).clusters == (await cache.snapshot()).clusters
