@@ -466,6 +466,8 @@ class Fleet:
         else:
             epoch, passing, rejections = entry
             stale = self._stale(epoch)
+            if not stale:
+                return passing, rejections
             if stands is not None:
                 stale = [
                     v for v in stale if v.name not in rejections or not stands(rejections[v.name])
