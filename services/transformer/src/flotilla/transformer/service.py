@@ -28,13 +28,19 @@ One reconciliation (`Transformer.reconcile`):
    object leaves it;
 4. move this object in and out of each dependency's `DependentsRecord` by
    compare-and-set, which says who needs it where;
-5. publish, in one batch, dependencies first (Namespace first), then the object's
-   own works, then removals (``manifest: None``): the object's own on clusters that
-   left the decision, and each dependency's on clusters where nobody needs it now;
+5. publish, in one batch, dependencies first (Namespace first) on the clusters
+   where their content is not what was last published there (the first dependent
+   arrives, or the dependency renders differently now: a further dependent alone
+   publishes nothing, so a namespace of n objects is not n Namespace works), then
+   the object's own works, then removals (``manifest: None``): the object's own on
+   clusters that left the decision, and each dependency's on clusters where
+   nobody needs it now; then record in the dependents records what was published;
 6. write the record (compare-and-set; a lost race reconciles again).
 
 Publishing before recording keeps a crash harmless: the redelivered event renders
-the same works again (deterministic event ids, deduplicated by JetStream).
+the same works again (deterministic event ids, deduplicated by JetStream); a
+dependency's digest is recorded only after its work is published, so a crash in
+between publishes it again rather than never.
 A dependency removal races a dependent arriving on the same cluster through
 another object (another key, maybe another replica): after publishing a removal,
 the dependents record is read again and, if someone needs the dependency there
