@@ -423,6 +423,37 @@ async def test_renders_sharing_a_dependency_at_once_update_its_dependents_in_tur
     assert entry.value.clusters == {"a": sorted(map(ObjectRef.of, objs), key=lambda r: r.key)}
     assert bucket.conflicts == 0
     assert harness.transformer._dependency_locks == {}, "no lock outlives its updates"
+    # The renders that updated the record before the first one's publish was
+    # recorded wait for that publish rather than sending the same work again.
+    assert [w.ref for w in await harness.works() if w.ref.kind == "ConfigMap"] == [CONFIG_REF]
+    assert harness.transformer._publishing == {}
+
+
+async def test_a_render_waiting_on_another_ones_dependency_work_sends_it_if_that_failed() -> None:
+    harness = Harness()
+    harness.hub.add(CONFIG)
+    harness.transformer.dependents = harness.dependents = Store(RoundTripBucket(), DependentsRecord)
+    web, api = deployment("web", 3), deployment("api", 3)
+    for obj in (web, api):
+        await harness.analyze(obj, CONFIG_REF)
+    publish = harness.bus.publish_batch
+    calls: list[list[str]] = []
+
+    async def first_fails(batch: Any) -> None:
+        calls.append([envelope.payload.ref.kind for envelope in batch])
+        if len(calls) == 1:
+            await asyncio.sleep(0.05)  # the other render updates the record meanwhile
+            raise ConnectionError("bus down")
+        await publish(batch)
+
+    harness.bus.publish_batch = first_fails  # type: ignore[method-assign]
+    results = await asyncio.gather(
+        harness.decide(web, {"a": 3}), harness.decide(api, {"a": 3}), return_exceptions=True
+    )
+    assert isinstance(results[0], ConnectionError) and results[1] is None
+    assert calls == [["ConfigMap", "Deployment"], ["Deployment"], ["ConfigMap"]]
+    assert (CONFIG_REF.key, "a") in await harness.present()
+    assert harness.transformer._publishing == {}
 
 
 async def test_a_dependency_removed_while_another_object_takes_it_is_published_again(

@@ -268,6 +268,14 @@ class _Outgoing:
     """(dependency, cluster, dependents revision) of each dependency removal."""
     published: list[tuple[ObjectRef, str, str]] = field(default_factory=list)
     """(dependency, cluster, content digest) of each dependency work published."""
+    owned: list[tuple[str, str, str]] = field(default_factory=list)
+    """(dependency key, cluster, digest) of the dependency works this reconciliation
+    publishes for every render of this replica that needs the same at once."""
+    waiting: list[tuple[asyncio.Future[bool], Envelope, tuple[ObjectRef, str, str]]] = field(
+        default_factory=list
+    )
+    """Dependency works another render of this replica is publishing: its outcome,
+    and the work to publish if that failed."""
 
     def batch(self) -> list[Envelope]:
         return [*self.dependencies, *self.own, *self.removals]
@@ -314,6 +322,9 @@ class Transformer:
         self.reporter = reporter
         self._dependency_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         """Dependency key → its lock and how many updates hold or wait for it."""
+        self._publishing: dict[tuple[str, str, str], asyncio.Future[bool]] = {}
+        """(dependency key, cluster, digest) → whether the render publishing that
+        dependency work published it (unresolved while it is in flight)."""
 
     def router(self) -> Router:
         router = Router(SERVICE)
@@ -456,18 +467,28 @@ class Transformer:
                 self._work(work, decision.decision_id, analyzed.object, record.analyzed_revision)
                 for work in rendered
             ]
-        await self._move_dependents(record, wanted, dependency_objects, outgoing)
         decision_id = record.decision.decision_id if record.decision else ""
-        for cluster in sorted(set(record.works) - set(wanted)):
-            outgoing.removals.append(
-                self._removal(
-                    record.ref, cluster, decision_id, record.uid, (record.analyzed_revision,)
+        try:
+            await self._move_dependents(record, wanted, dependency_objects, outgoing)
+            for cluster in sorted(set(record.works) - set(wanted)):
+                outgoing.removals.append(
+                    self._removal(
+                        record.ref, cluster, decision_id, record.uid, (record.analyzed_revision,)
+                    )
                 )
-            )
-        batch = outgoing.batch()
-        if batch:
-            await self.bus.publish_batch(batch)
-        await self._dependents_published(outgoing.published)
+            batch = outgoing.batch()
+            if batch:
+                await self.bus.publish_batch(batch)
+        except BaseException:
+            self._dependents_settle(outgoing, published=False)
+            raise
+        try:
+            # Settled once recorded: a render whose update came before the record
+            # waits for this one rather than sending the same again.
+            await self._dependents_published(outgoing.published)
+        finally:
+            self._dependents_settle(outgoing, published=True)
+        await self._dependents_wait(outgoing.waiting)
         await self._recheck(outgoing.dependency_removals, dependency_objects, decision_id)
         final = record.model_copy(update={"works": wanted})
         if not wanted and record.analyzed is None and record.decision is None:
@@ -567,9 +588,18 @@ class Transformer:
                         change.revision,
                         manifest=manifests[cluster],
                     )
-                    if work is not None:
-                        outgoing.dependencies.append(work)
-                        outgoing.published.append((dependency, cluster, digest))
+                    if work is None:
+                        continue
+                    in_flight = (dep_key, cluster, digest)
+                    other = self._publishing.get(in_flight)
+                    if other is not None:
+                        # Another render of this replica is sending the same: one is enough.
+                        outgoing.waiting.append((other, work, (dependency, cluster, digest)))
+                        continue
+                    self._publishing[in_flight] = asyncio.get_running_loop().create_future()
+                    outgoing.owned.append(in_flight)
+                    outgoing.dependencies.append(work)
+                    outgoing.published.append((dependency, cluster, digest))
             for cluster in sorted(before - needed_on):
                 if cluster not in change.after:
                     outgoing.removals.append(
@@ -651,6 +681,26 @@ class Transformer:
                 continue
             return _DependentsChange(current, after, revision, publish)
         raise Conflict(f"{dependency.key}: its dependents kept changing")
+
+    def _dependents_settle(self, outgoing: _Outgoing, *, published: bool) -> None:
+        """Tell the renders waiting on this one's dependency works how it went."""
+        for in_flight in outgoing.owned:
+            future = self._publishing.pop(in_flight, None)
+            if future is not None and not future.done():
+                future.set_result(published)
+        outgoing.owned.clear()
+
+    async def _dependents_wait(
+        self,
+        waiting: Sequence[tuple[asyncio.Future[bool], Envelope, tuple[ObjectRef, str, str]]],
+    ) -> None:
+        """Publish the dependency works another render of this replica was to send
+        and did not (its publish failed; its event is retried, but this render's
+        object must not wait for that)."""
+        failed = [(work, done) for future, work, done in waiting if not await future]
+        if failed:
+            await self.bus.publish_batch([work for work, _ in failed])
+            await self._dependents_published([done for _, done in failed])
 
     async def _dependents_published(self, published: Sequence[tuple[ObjectRef, str, str]]) -> None:
         """Record the digests of the dependency works just published (on clusters
