@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import pytest
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client import ApiClient
@@ -318,3 +319,23 @@ async def running_fleet(
                     await fleet.stop_service(service)
     finally:
         await nc.close()
+
+
+def fleet_fixture(members: Mapping[str, Mapping[str, str]] = MEMBERS) -> Any:
+    """A pytest fixture running a whole fleet with `members` for one test (assign it
+    to a module-level name: that name is the fixture's)."""
+
+    @pytest.fixture
+    async def fixture(
+        kubesim_factory: KubeSimFactory,
+        nats_server: NatsServer,
+        redis_server: RedisServer,
+        unique: str,
+        tmp_path: Path,
+    ) -> AsyncIterator[Fleet]:
+        async with running_fleet(
+            kubesim_factory, nats_server, redis_server, f"e2e{unique}", tmp_path, members=members
+        ) as running:
+            yield running
+
+    return fixture

@@ -3,35 +3,21 @@ service as a real process (`fleet.running_fleet`)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from flotilla.common import events
-from flotilla.common.infra import NatsServer, RedisServer
-from flotilla.kubesim.testing import KubeSimFactory
 
-from .fleet import Fleet, running_fleet
+from .fleet import Fleet, fleet_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
 
 NS = "shop"
 
 
-@pytest.fixture
-async def fleet(
-    kubesim_factory: KubeSimFactory,
-    nats_server: NatsServer,
-    redis_server: RedisServer,
-    unique: str,
-    tmp_path: Path,
-) -> AsyncIterator[Fleet]:
-    async with running_fleet(
-        kubesim_factory, nats_server, redis_server, f"e2e{unique}", tmp_path
-    ) as running:
-        yield running
+fleet = fleet_fixture()
+"""The end-to-end fleet: the default three members, every service."""
 
 
 def web(replicas: int) -> dict[str, Any]:

@@ -7,8 +7,6 @@ Event on the hub object."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,12 +21,11 @@ from flotilla.common.api import (
     ORIGIN_LABEL,
     origin_label,
 )
-from flotilla.common.infra import NatsServer, RedisServer
 from flotilla.common.testing import eventually, schemaless_crd
 from flotilla.kubesim.server import KubeSim
-from flotilla.kubesim.testing import KubeSimFactory, api_client
+from flotilla.kubesim.testing import api_client
 
-from .fleet import Fleet, running_fleet
+from .fleet import Fleet, fleet_fixture
 from .test_end_to_end import NS, fleet, web
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
@@ -44,19 +41,8 @@ LEFT_OUT = "ap-south"
 assert set(MEMBERS4) == {*PLACED, LEFT_OUT}
 
 
-@pytest.fixture
-async def fleet4(
-    kubesim_factory: KubeSimFactory,
-    nats_server: NatsServer,
-    redis_server: RedisServer,
-    unique: str,
-    tmp_path: Path,
-) -> AsyncIterator[Fleet]:
-    """The end-to-end fleet with a fourth member, so a cluster that must get nothing exists."""
-    async with running_fleet(
-        kubesim_factory, nats_server, redis_server, f"e2e{unique}", tmp_path, members=MEMBERS4
-    ) as running:
-        yield running
+fleet4 = fleet_fixture(MEMBERS4)
+"""The end-to-end fleet with a fourth member, so a cluster that must get nothing exists."""
 
 
 def web_with_dependencies(replicas: int) -> dict[str, Any]:
