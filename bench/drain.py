@@ -642,14 +642,15 @@ class BusCounter:
         self.by_type[kind] += 1
         if kind == "RescheduleRequested":
             with contextlib.suppress(Exception):
-                payload = events.decode(msg.data).payload
+                envelope = events.decode(msg.data)
+                payload = envelope.payload
                 assert isinstance(payload, events.RescheduleRequested)
                 if payload.avoid_clusters:
                     self.commands["avoid"] += 1
                 if payload.release_retiring:
                     self.commands["release"] += 1
                 if not payload.avoid_clusters and not payload.release_retiring:
-                    self.commands["other"] += 1
+                    self.commands[f"requeue by {envelope.producer.split('-')[0]}"] += 1
 
 
 @dataclass
