@@ -687,11 +687,17 @@ class Profile:
         return summarize_profile(self.service, self.output)
 
 
+FLOTILLA_PACKAGES = frozenset({"common", "kubesim", "cli", *environment.SERVICES})
+"""py-spy names a frame's file relative to its import root: ``common/store.py``."""
+
+
 def summarize_profile(service: str, path: Path, top: int = 12) -> dict[str, Any]:
-    """The functions holding the most samples: by own time (the innermost frame) and,
-    for Flotilla's own code, inclusive (anywhere on the stack)."""
+    """Where the samples fall: by own time (the innermost frame); for the service's own
+    package, inclusive (anywhere on the stack); and as hot paths, each innermost frame
+    with the innermost Flotilla frame above it (who asked for that work)."""
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
+    paths: Counter[str] = Counter()
     total = 0
     try:
         lines = path.read_text().splitlines()
@@ -704,10 +710,15 @@ def summarize_profile(service: str, path: Path, top: int = 12) -> dict[str, Any]
         count = int(count_text)
         total += count
         frames = [short_frame(f) for f in stack.split(";") if f]
-        if frames:
-            own[frames[-1]] += count
-        for frame in dict.fromkeys(f for f in frames if "flotilla" in f):
-            inclusive[frame] += count
+        if not frames:
+            continue
+        own[frames[-1]] += count
+        ours = [f for f in frames if is_flotilla(f)]
+        for frame in dict.fromkeys(f for f in ours if package_of(f) == service):
+            if "__main__" not in frame:
+                inclusive[frame] += count
+        caller = next((f for f in reversed(ours[:-1] if ours[-1:] == frames[-1:] else ours)), "")
+        paths[f"{frames[-1]} <- {caller or '-'}"] += count
 
     def share(counter: Counter[str]) -> list[list[Any]]:
         return [[name, round(100 * n / max(total, 1), 1)] for name, n in counter.most_common(top)]
@@ -716,18 +727,24 @@ def summarize_profile(service: str, path: Path, top: int = 12) -> dict[str, Any]
         "service": service,
         "samples": total,
         "own_percent": share(own),
-        "flotilla_inclusive_percent": share(inclusive),
+        "service_inclusive_percent": share(inclusive),
+        "hot_paths_percent": share(paths),
         "raw": str(path),
     }
 
 
 def short_frame(frame: str) -> str:
-    """``func (path/to/module.py:12)`` → ``func (module.py)``: lines merged."""
+    """``func (package/module.py:12)`` → ``func (package/module.py)``: lines merged."""
     name, _, where = frame.partition(" (")
-    file = where.rstrip(")").rsplit(":", 1)[0]
-    parts = file.split("/")
-    file = "/".join(parts[parts.index("flotilla") :]) if "flotilla" in parts else parts[-1]
-    return f"{name} ({file})"
+    return f"{name} ({where.rstrip(')').rsplit(':', 1)[0]})"
+
+
+def package_of(frame: str) -> str:
+    return frame.rpartition(" (")[2].split("/", 1)[0]
+
+
+def is_flotilla(frame: str) -> bool:
+    return package_of(frame) in FLOTILLA_PACKAGES
 
 
 async def scheduler_sees_ready(url: str, names: Sequence[str]) -> bool:
@@ -1000,6 +1017,7 @@ async def place(hub: Hub, api: ApiClient, opts: RealOptions, fleet: Fleet, targe
     toleration = opts.toleration if opts.failover else None
     await hub.apply(policy(fleet.members[target], toleration))
     apps = k8s.AppsV1Api(api)
+    deployments = TypeClient(api, "/apis/apps/v1/deployments", DEPLOYMENTS)
     gate = asyncio.Semaphore(CREATE_CONCURRENCY)
 
     async def create(index: int) -> None:
@@ -1013,7 +1031,7 @@ async def place(hub: Hub, api: ApiClient, opts: RealOptions, fleet: Fleet, targe
 
     async def all_ready() -> bool:
         nonlocal said
-        items = await hub.list("apps/v1", "Deployment")
+        items, _ = await deployments.list()
         ready = sum(1 for d in items if ready_of(d) >= opts.replicas)
         status = (await hub.cluster(target)).get("status") or {}
         line = (
