@@ -4,6 +4,7 @@ scheduler, the syncer and the watcher publish them."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -215,6 +216,39 @@ async def test_a_conflicting_hub_write_is_retried_from_the_latest_object(
         hub = await eventually(written, what="status written after the conflict")
         assert s.app.conflicts >= 1
         assert hub["metadata"]["labels"]["touched"] == "yes"
+
+
+async def test_a_slow_flush_is_not_overtaken_by_a_newer_one(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    """A report arriving while a flush of the same object is still writing (a slow hub)
+    is folded after that flush, never beside it: the older fold, retried after the
+    newer one landed, would otherwise leave the hub showing the older reports."""
+    async with aggregator(kubesim_factory, nats_server, f"ag{unique}", window=0.3) as s:
+        obj = await s.create(web(3))
+        real_replace = s.dyn.replace
+        entered, gate = asyncio.Event(), asyncio.Event()
+
+        async def slow_first_replace(*args: Any, **kwargs: Any) -> Any:
+            if not entered.is_set():  # the first status write hangs until released
+                entered.set()
+                await gate.wait()
+            return await real_replace(*args, **kwargs)
+
+        s.app.dyn.replace = slow_first_replace  # type: ignore[method-assign]
+        await s.placed(obj, ("a", 3, A))
+        await s.member(obj, "a", replicas=3, readyReplicas=1, availableReplicas=1)
+        await asyncio.wait_for(entered.wait(), 30)
+        await s.member(obj, "a", **FULL)
+        await asyncio.sleep(1.5)  # several windows: room for a second flush to run
+        gate.set()
+
+        async def quiet() -> bool:
+            return not s.app._flushes
+
+        await eventually(quiet, what="every flush done")
+        hub = await s.get(obj)
+        assert hub["status"]["readyReplicas"] == 3, hub["status"]
 
 
 async def test_a_restarted_aggregator_still_knows_every_member(
