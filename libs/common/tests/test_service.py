@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import aiohttp
@@ -42,6 +43,69 @@ async def test_guarded_restarts_a_crashing_loop_and_stops_when_finished() -> Non
 
     await asyncio.wait_for(service.guarded("flaky", flaky, finished=lambda: runs >= 3), 10)
     assert runs == 3
+
+
+async def test_shutdown_cancels_again_a_loop_that_lost_its_cancellation() -> None:
+    """A loop whose cancel was swallowed (Python 3.11's wait_for drops one that
+    arrives as its future completes) is stopped by the next cancel, not waited on
+    for ever; one that never stops is given up after the grace and reported."""
+    swallowed = 0
+
+    async def loses_one_cancel() -> None:
+        nonlocal swallowed
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed += 1  # what the library did: go on as if nothing happened
+
+    released = False
+
+    async def never_stops() -> None:
+        while not released:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+
+    lost = asyncio.create_task(service.guarded("lost", loses_one_cancel))
+    stubborn = asyncio.create_task(never_stops())
+    await asyncio.sleep(0)
+    left = await service.cancel_and_wait([lost, stubborn], grace=1.5)
+    assert lost.cancelled() and swallowed == 1
+    assert left == {stubborn} and not stubborn.done()
+    released = True  # the test's own cleanup
+    stubborn.cancel()
+    await stubborn
+
+
+async def test_a_loop_stopping_its_own_loops_finishes_before_it_ends() -> None:
+    """The runtime cancels a loop again and again while that loop's ``finally`` is
+    stopping the loops it started: none of them is left running."""
+    swallowed = 0
+
+    async def inner() -> None:
+        nonlocal swallowed
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed += 1
+
+    async def outer() -> None:
+        started = asyncio.create_task(inner())
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            await service.cancel_and_wait([started])
+
+    task = asyncio.create_task(outer())
+    await asyncio.sleep(0.05)
+    assert await service.cancel_and_wait([task], grace=5) == set()
+    assert task.cancelled() and swallowed == 1
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
 
 
 async def test_the_composition_serves_handlers_health_and_shuts_down(

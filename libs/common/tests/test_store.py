@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -338,3 +340,63 @@ def test_record_keys_round_trip_and_are_valid_kv_keys(key: str) -> None:
     assert store.decode_key(encoded) == key
     assert not encoded.startswith(".") and not encoded.endswith(".") and ".." not in encoded
     assert all(c.isalnum() or c in "-/_=." for c in encoded)
+
+
+class _EarlyMarkerWatch:
+    """What nats-py's KV watch hands over when its consumer-info answer overtakes
+    the messages the server already sent: the caught-up marker first."""
+
+    def __init__(self, entries: list[Any]) -> None:
+        self.items: list[Any] = [None, *entries]
+        self.stopped = False
+
+    def __aiter__(self) -> _EarlyMarkerWatch:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self.items:
+            return self.items.pop(0)
+        await asyncio.sleep(3600)  # then nothing more is written
+        raise StopAsyncIteration
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+class _Info:
+    def __init__(self, messages: int) -> None:
+        self.state = SimpleNamespace(messages=messages, last_seq=messages)
+
+
+def _kv_entry(key: str, revision: int, pending: int) -> Any:
+    return SimpleNamespace(
+        key=key,
+        value=b'{"name": "x"}',
+        revision=revision,
+        delta=pending,
+        created=None,
+        operation=None,
+    )
+
+
+async def test_a_watch_is_caught_up_only_after_what_the_bucket_held() -> None:
+    entries = [_kv_entry("a", 1, 1), _kv_entry("b", 2, 0)]
+    watch = _EarlyMarkerWatch(entries)
+    kv = SimpleNamespace(watchall=lambda **_: _resolved(watch))
+    js = SimpleNamespace(stream_info=lambda _: _resolved(_Info(len(entries))))
+    things = store.Store(store.JetStreamBucket(js, kv, "things"), Thing)  # type: ignore[arg-type]
+    loaded = await things.load(timeout=5)
+    assert sorted(loaded) == ["a", "b"]
+    assert watch.stopped
+
+
+async def test_an_empty_bucket_is_caught_up_at_once() -> None:
+    watch = _EarlyMarkerWatch([])
+    kv = SimpleNamespace(watchall=lambda **_: _resolved(watch))
+    js = SimpleNamespace(stream_info=lambda _: _resolved(_Info(0)))
+    things = store.Store(store.JetStreamBucket(js, kv, "things"), Thing)  # type: ignore[arg-type]
+    assert await things.load(timeout=5) == {}
+
+
+async def _resolved(value: Any) -> Any:
+    return value

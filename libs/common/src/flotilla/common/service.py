@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -67,6 +68,53 @@ async def guarded(
             log.exception("task %s crashed; restarting in %.1fs", name, delay)
         await asyncio.sleep(delay)
         delay = min(delay * 2, MAX_RESTART_DELAY)
+
+
+STOP_GRACE = 10.0
+"""Seconds shutdown waits for cancelled loops before giving up on them."""
+RECANCEL_EVERY = 0.5
+
+
+async def cancel_and_wait(
+    tasks: Iterable[asyncio.Task[Any]], *, grace: float = STOP_GRACE
+) -> set[asyncio.Task[Any]]:
+    """Cancel `tasks` and wait until they end; the ones still running after `grace`
+    seconds are logged with where they wait and returned.
+
+    A task still running a moment after its cancel lost it: on Python 3.11,
+    ``asyncio.wait_for`` returns its result and drops a cancellation that arrives as
+    the awaited future completes (nats-py awaits every request and publish ack
+    through it), and the loop goes on as if nothing happened. Such a task is
+    cancelled again, every `RECANCEL_EVERY` seconds, until it ends.
+
+    Called from a task that is itself being cancelled (a loop stopping the loops it
+    started, in a ``finally``), it still finishes stopping them before it lets the
+    cancellation through: the caller's shutdown cancels again too, and must not
+    leave the inner loops running."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    pending = {task for task in tasks if not task.done()}
+    interrupted = False
+    while pending:
+        for task in pending:
+            task.cancel()
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            break
+        try:
+            _, pending = await asyncio.wait(pending, timeout=min(RECANCEL_EVERY, remaining))
+        except asyncio.CancelledError:
+            interrupted = True
+            pending = {task for task in pending if not task.done()}
+    for task in pending:
+        where = io.StringIO()
+        task.print_stack(limit=20, file=where)
+        log.error(
+            "task %s did not stop within %.0fs:\n%s", task.get_name(), grace, where.getvalue()
+        )
+    if interrupted:
+        raise asyncio.CancelledError
+    return pending
 
 
 class Runtime:
@@ -192,17 +240,13 @@ class Runtime:
 
     async def _shutdown(self, timeout: float = 30.0) -> None:
         self._stopped.set()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         for consumer in self.consumers:
             await consumer.stop()
         if self._consumer_tasks:
             # Consumer.run drains in-flight work and releases its leases, then returns.
             _, late = await asyncio.wait(self._consumer_tasks, timeout=timeout)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*self._consumer_tasks, return_exceptions=True)
+            await cancel_and_wait(late)
         for closer in reversed(self._closers):
             try:
                 await closer()

@@ -69,6 +69,8 @@ M = TypeVar("M", bound=BaseModel)
 
 CONFLICT_DELAY = 0.1
 PARALLEL_REQUESTS = 64
+SCAN_WAIT = 10.0
+"""Seconds a scan of a bucket waits for its next entry."""
 """Requests in flight at once for bulk work (purging many tombstones)."""
 EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
 WRONG_LAST_SEQUENCE = (10071, 10164)
@@ -603,25 +605,47 @@ class JetStreamBucket:
         return sum(raw.revision != newest for raw in old)
 
     async def _scan(self, *, headers_only: bool) -> AsyncGenerator[Raw, None]:
-        with _nats_errors(f"watch {self.name}"):
-            watcher: Any = await self.kv.watchall(meta_only=headers_only)
-        try:
+        """What the bucket holds now (newest message per key), then the end."""
+        async with contextlib.aclosing(self._watch(meta_only=headers_only)) as raws:
             while True:
-                with _nats_errors(f"reading {self.name}"):
-                    entry = await watcher.updates(timeout=10.0)
-                if entry is None:
+                try:
+                    async with asyncio.timeout(SCAN_WAIT):
+                        raw = await anext(raws)
+                except TimeoutError:
+                    raise Unavailable(f"reading {self.name} timed out") from None
+                if raw is None:
                     return
-                yield _raw(entry)
-        finally:
-            with contextlib.suppress(Exception):
-                await watcher.stop()
+                yield raw
 
-    async def watch(self) -> AsyncGenerator[Raw | None, None]:
+    def watch(self) -> AsyncGenerator[Raw | None, None]:
+        return self._watch(meta_only=False)
+
+    async def _watch(self, *, meta_only: bool) -> AsyncGenerator[Raw | None, None]:
+        """nats-py's watch with a caught-up marker that can be trusted.
+
+        nats-py marks "caught up" (None) when its consumer reports nothing pending
+        and this client has handled no message yet — which is also the case when the
+        server has already sent every message and the consumer-info answer overtook
+        them: the reader then saw an empty bucket (a restarted watcher lost its
+        records, and with them the deletions made while it was down). Here the
+        marker follows the entry the server sent with nothing pending after it;
+        nats-py's own marker counts only for a bucket that held no message when the
+        watch began."""
+        empty = await self.size() == 0
         with _nats_errors(f"watch {self.name}"):
-            watcher: Any = await self.kv.watchall()
+            watcher: Any = await self.kv.watchall(meta_only=meta_only)
+        caught_up = False
         try:
             async for entry in watcher:
-                yield None if entry is None else _raw(entry)
+                if entry is None:
+                    if empty and not caught_up:
+                        caught_up = True
+                        yield None
+                    continue
+                yield _raw(entry)
+                if not caught_up and not entry.delta:
+                    caught_up = True
+                    yield None
         finally:
             with contextlib.suppress(Exception):
                 await watcher.stop()

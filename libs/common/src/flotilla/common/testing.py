@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import io
 import json
 import tempfile
 import time
@@ -150,4 +151,13 @@ async def _no_leftover_tasks(request: pytest.FixtureRequest) -> AsyncIterator[No
         if not leftover or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.02)
-    assert not leftover, f"test left asyncio tasks running: {leftover}"
+    assert not leftover, f"test left asyncio tasks running: {_stacks(leftover)}"
+
+
+def _stacks(tasks: list[asyncio.Task[Any]]) -> str:
+    """Each task with where it waits (what a hang at shutdown needs to be found)."""
+    out = io.StringIO()
+    for task in tasks:
+        out.write(f"\n{task!r}\n")
+        task.print_stack(limit=30, file=out)
+    return out.getvalue()

@@ -63,7 +63,7 @@ from flotilla.common.interpreters import (
     Registry,
 )
 from flotilla.common.router import Router
-from flotilla.common.service import Runtime
+from flotilla.common.service import Runtime, cancel_and_wait
 from flotilla.common.store import Conflict, Follower, Store
 
 log = logging.getLogger(__name__)
@@ -290,9 +290,7 @@ class Aggregator:
         tasks = list(self._flushes)  # pending ones and those writing right now
         self._pending.clear()
         self._again.clear()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
 
     async def flush(self, key: str) -> None:
         """Fold the recorded reports into the hub object (module docstring)."""

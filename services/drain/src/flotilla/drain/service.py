@@ -354,7 +354,11 @@ class Coordinator:
             await asyncio.gather(*(self._plan_one(key, clusters, now) for key in chunk))
         dirty_clusters, self._dirty_clusters = self._dirty_clusters, set()
         for name in sorted(dirty_clusters):
-            cluster = clusters.get(name)
+            # Read the record now, not from the snapshot planning used: a change that
+            # arrived while planning was awaited has marked this cluster dirty, and
+            # that mark is consumed here.
+            current = self.clusters_view.entries.get(name)
+            cluster = current.value if current is not None else None
             if cluster is not None:
                 try:
                     await self._write_conditions(cluster, now)

@@ -46,16 +46,13 @@ from flotilla.common.api import GROUP, VERSION
 from flotilla.common.capacity import ClusterCapacity
 from flotilla.common.errors import FlotillaError
 from flotilla.common.events import CapacityChanged, ObjectRef
-from flotilla.common.service import guarded
+from flotilla.common.service import cancel_and_wait, guarded
 from flotilla.syncer import observation, rest, usage
 
 if TYPE_CHECKING:
     from flotilla.syncer.service import Syncer, WorkRecord
 
 log = logging.getLogger(__name__)
-
-STOP_GRACE = 10.0
-"""Seconds `MemberAgent.stop` waits for its cancelled loops."""
 
 STATUS_MANAGER = "flotilla-syncer"
 DISCOVERY_EVERY = 6
@@ -112,13 +109,7 @@ class ClusterAgent:
 
     async def stop(self) -> None:
         tasks = [t for t in (self._heartbeat, *self._watches.values()) if t is not None]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            # A task cancelled in the middle of a connection to a member that stopped
-            # answering may only finish once that connection fails: shutting down does
-            # not wait on it for ever.
-            await asyncio.wait(tasks, timeout=STOP_GRACE)
+        await cancel_and_wait(tasks)
         self._heartbeat = None
         self._watches.clear()
 

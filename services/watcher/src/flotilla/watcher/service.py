@@ -72,7 +72,7 @@ from flotilla.common.bus import Bus
 from flotilla.common.config import Settings
 from flotilla.common.errors import ConfigError, FlotillaError, InvalidObject, PermanentError
 from flotilla.common.events import ObjectRef
-from flotilla.common.service import Runtime, guarded
+from flotilla.common.service import Runtime, cancel_and_wait, guarded
 from flotilla.watcher import matching, observations
 from flotilla.watcher.matching import Policy
 from flotilla.watcher.observations import CLUSTER_KIND, CONFIG_KINDS, POLICY_KINDS, Change, Record
@@ -163,9 +163,7 @@ class Watcher:
             tasks = [task for _, task in self.watches.values()]
             if self._retry is not None:
                 tasks.append(self._retry)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(tasks)
             self.watches.clear()
 
     @property
@@ -183,8 +181,7 @@ class Watcher:
 
     async def _stop_watch(self, gvk: GroupVersionKind) -> None:
         _, task = self.watches.pop(gvk)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancel_and_wait([task])
         log.info("stopped watching %s", gvk)
 
     async def _apply_policies(self, *, relist: bool) -> None:
