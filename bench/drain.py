@@ -272,6 +272,8 @@ def apply_world(world: World, kind: str, key: str, cluster: str) -> None:
 # --- the real drain: the seven services as processes ---------------------------------------
 
 NS = "drainbench"
+BENCH_LABEL = {"bench": "drainbench"}
+"""What the policy selects the benchmark's Deployments by (in every namespace)."""
 PREFIX = "drainbench"
 ORIGIN_LABEL = "flotilla.io/origin"
 PODS_PER_NODE = 110
@@ -470,10 +472,18 @@ class Fleet:
                 server.close()
 
 
-def deployment(name: str, replicas: int) -> dict[str, Any]:
-    return builders.deployment(
-        name, NS, replicas=replicas, requests={"cpu": "10m", "memory": "16Mi"}
+def namespace_of(index: int, namespaces: int) -> str:
+    """Object `index`'s namespace: ``drainbench``, or round robin over
+    ``drainbench-00``.. when there are several."""
+    return NS if namespaces == 1 else f"{NS}-{index % namespaces:02d}"
+
+
+def deployment(name: str, replicas: int, namespace: str = NS) -> dict[str, Any]:
+    obj = builders.deployment(
+        name, namespace, replicas=replicas, requests={"cpu": "10m", "memory": "16Mi"}
     )
+    obj["metadata"]["labels"] = dict(BENCH_LABEL)
+    return obj
 
 
 def policy(target_labels: Mapping[str, str], toleration: int | None) -> dict[str, Any]:
@@ -482,7 +492,13 @@ def policy(target_labels: Mapping[str, str], toleration: int | None) -> dict[str
     (Sainte-Laguë: 2/1.5 < 1/0.5), so that cluster holds every object; once it is
     excluded the others divide the replicas evenly."""
     spec: dict[str, Any] = {
-        "resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment", "namespace": NS}],
+        "resourceSelectors": [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "labelSelector": {"matchLabels": dict(BENCH_LABEL)},
+            }
+        ],
         "strategy": "split",
         "splitBy": "weights",
         "weights": [
@@ -546,7 +562,8 @@ class Prober:
         return round(time.monotonic() - self.started, 2)
 
     def deployment(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
-        name = str((obj.get("metadata") or {}).get("name"))
+        metadata = obj.get("metadata") or {}
+        name = f"{metadata.get('namespace')}/{metadata.get('name')}"
         if deleted:
             return
         ready = ready_of(obj)
@@ -786,8 +803,8 @@ async def outage(kubeconfig: Path, down: bool) -> None:
 async def flotilla_objects_on(kubeconfig: Path) -> int:
     client = await kube.client_from_kubeconfig(kubeconfig)
     async with client:
-        listed = await k8s.AppsV1Api(client).list_namespaced_deployment(
-            NS, label_selector=ORIGIN_LABEL
+        listed = await k8s.AppsV1Api(client).list_deployment_for_all_namespaces(
+            label_selector=ORIGIN_LABEL
         )
         return len(listed.items)
 
@@ -797,6 +814,7 @@ class RealOptions:
     objects: int
     members: int
     replicas: int
+    namespaces: int
     failover: bool
     toleration: int
     timeout: float
@@ -920,7 +938,7 @@ async def measure(fleet: Fleet, opts: RealOptions, target: str) -> dict[str, Any
             counter.counting = False
             warnings = Counter(
                 f"{e.type}/{e.reason}"
-                for e in (await k8s.CoreV1Api(api).list_namespaced_event(NS)).items
+                for e in (await k8s.CoreV1Api(api).list_event_for_all_namespaces()).items
                 if e.type == "Warning"
             )
     finally:
@@ -941,6 +959,7 @@ async def measure(fleet: Fleet, opts: RealOptions, target: str) -> dict[str, Any
         "objects": opts.objects,
         "members": opts.members,
         "replicas_per_object": opts.replicas,
+        "namespaces": opts.namespaces,
         "floor_per_object": floor,
         "nodes_per_member": fleet.nodes,
         "cluster": target,
@@ -1013,7 +1032,9 @@ async def measure(fleet: Fleet, opts: RealOptions, target: str) -> dict[str, Any
 async def place(hub: Hub, api: ApiClient, opts: RealOptions, fleet: Fleet, target: str) -> None:
     """The namespace, the policy and the Deployments; back once every object is ready
     on the hub and the drained cluster holds every one of them."""
-    await hub.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    for index in range(min(opts.namespaces, opts.objects)):
+        name = namespace_of(index, opts.namespaces)
+        await hub.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     toleration = opts.toleration if opts.failover else None
     await hub.apply(policy(fleet.members[target], toleration))
     apps = k8s.AppsV1Api(api)
@@ -1022,8 +1043,9 @@ async def place(hub: Hub, api: ApiClient, opts: RealOptions, fleet: Fleet, targe
 
     async def create(index: int) -> None:
         async with gate:
-            body = deployment(f"web-{index:05d}", opts.replicas)
-            await apps.create_namespaced_deployment(NS, body)  # type: ignore[arg-type]
+            namespace = namespace_of(index, opts.namespaces)
+            body = deployment(f"web-{index:05d}", opts.replicas, namespace)
+            await apps.create_namespaced_deployment(namespace, body)  # type: ignore[arg-type]
 
     say(f"creating {opts.objects} Deployments of {opts.replicas} replicas")
     await asyncio.gather(*(create(i) for i in range(opts.objects)))
@@ -1052,6 +1074,9 @@ def main() -> None:
     parser.add_argument("--objects", type=int, default=1000)
     parser.add_argument("--members", type=int, default=4, help="real: member clusters")
     parser.add_argument("--replicas", type=int, default=2, help="real: replicas per object")
+    parser.add_argument(
+        "--namespaces", type=int, default=1, help="real: namespaces the objects spread over"
+    )
     parser.add_argument("--toleration", type=int, default=5, help="real: tolerationSeconds")
     parser.add_argument("--timeout", type=float, default=600.0, help="real: seconds to wait")
     parser.add_argument(
@@ -1066,14 +1091,17 @@ def main() -> None:
     if args.simulated:
         print(json.dumps(simulate(args.objects, args.seed, args.failover), indent=2))
         return
-    if args.members < 2 or args.objects < 1 or args.replicas < 2:
-        parser.error("a real run needs --members >= 2, --objects >= 1 and --replicas >= 2")
+    if args.members < 2 or args.objects < 1 or args.replicas < 2 or args.namespaces < 1:
+        parser.error(
+            "a real run needs --members >= 2, --objects >= 1, --replicas >= 2, --namespaces >= 1"
+        )
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="drainbench-"))
     state.mkdir(parents=True, exist_ok=True)
     options = RealOptions(
         objects=args.objects,
         members=args.members,
         replicas=args.replicas,
+        namespaces=args.namespaces,
         failover=args.failover,
         toleration=args.toleration,
         timeout=args.timeout,
