@@ -11,8 +11,11 @@ through ``FLOTILLA_*`` variables. The first member (``us-east``) is the one drai
 A ClusterPlacementPolicy splits every Deployment by static weights, 2 for that
 cluster and 1 for each other one, so each of the ``--objects`` Deployments (``--replicas``
 each, 10m CPU) has one replica there and the rest elsewhere: the cluster holds every
-object. Once every Deployment shows its replicas ready on the hub and the drained
-Cluster's ``placements`` counts them all, the measured window starts:
+object. They live in one namespace, or round robin in ``--namespaces`` of them (the
+transformer keeps, per namespace, the list of objects needing it on each cluster, and
+rewrites it for every placement of one of them). Once every Deployment shows its
+replicas ready on the hub and the drained Cluster's ``placements`` counts them all,
+the measured window starts:
 
 * drain: cordon and drain as ``flotilla drain`` does (``spec.unschedulable`` and
   ``spec.evictAfter`` = now, one merge patch through the CLI's `Hub`); it ends when the

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -52,10 +53,23 @@ class Setup:
             )
         )
 
-    async def publish(self, payload: events.AnyPayload, key: str, revision: int = 0) -> None:
+    async def publish(
+        self,
+        payload: events.AnyPayload,
+        key: str,
+        revision: int = 0,
+        produced_at: datetime | None = None,
+    ) -> None:
         self._n += 1
         await self.bus.publish(
-            events.envelope(payload, key=key, producer="test", revision=revision, dedupe=(self._n,))
+            events.envelope(
+                payload,
+                key=key,
+                producer="test",
+                revision=revision,
+                dedupe=(self._n,),
+                produced_at=produced_at,
+            )
         )
 
     async def placed(self, obj: Any, *clusters: tuple[str, int, PlacementState]) -> None:
@@ -63,6 +77,17 @@ class Setup:
         await self.publish(decision, decision.ref.key)
 
     async def member(self, obj: Any, cluster: str, hub_generation: int = 1, **status: Any) -> None:
+        await self.member_sent(obj, cluster, None, status, hub_generation)
+
+    async def member_sent(
+        self,
+        obj: Any,
+        cluster: str,
+        produced_at: datetime | None,
+        status: dict[str, Any],
+        hub_generation: int = 1,
+    ) -> None:
+        """A member report the syncer sent at `produced_at`."""
         ref = events.ObjectRef.of(obj)
         observed = events.MemberStatusObserved(
             ref=ref,
@@ -73,7 +98,7 @@ class Setup:
             hub_generation=hub_generation,
             ready=status.get("availableReplicas") == status.get("replicas"),
         )
-        await self.publish(observed, ref.key)
+        await self.publish(observed, ref.key, produced_at=produced_at)
 
     async def cluster(self, name: str, ready: bool, revision: int) -> None:
         obj = {
@@ -249,6 +274,30 @@ async def test_a_slow_flush_is_not_overtaken_by_a_newer_one(
         await eventually(quiet, what="every flush done")
         hub = await s.get(obj)
         assert hub["status"]["readyReplicas"] == 3, hub["status"]
+
+
+async def test_a_member_report_older_than_the_one_kept_is_not_shown(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    """A copy's report handed over after a newer one of the same copy (as a redelivery
+    after a partition moved is) does not replace it: the hub keeps the newer state."""
+    async with aggregator(kubesim_factory, nats_server, f"ag{unique}") as s:
+        obj = await s.create(web(6))
+        await s.placed(obj, ("a", 3, A), ("b", 3, A))
+        sent = datetime.now(UTC)
+        earlier = sent - timedelta(seconds=1)
+        await s.member_sent(obj, "a", sent, FULL)
+        await s.member_sent(obj, "a", earlier, {**FULL, "readyReplicas": 1, "availableReplicas": 1})
+        await s.member_sent(obj, "b", sent, FULL)  # handled after the older one
+
+        async def folded() -> dict[str, Any] | None:
+            hub = await s.get(obj)
+            annotations = hub["metadata"].get("annotations") or {}
+            entries = json.loads(annotations.get(CLUSTER_STATUS_ANNOTATION) or "[]")
+            return hub if {e["cluster"] for e in entries if e.get("status")} == {"a", "b"} else None
+
+        hub = await eventually(folded, what="both members' reports on the hub")
+        assert hub["status"]["readyReplicas"] == 6, hub["status"]
 
 
 async def test_a_restarted_aggregator_still_knows_every_member(

@@ -225,7 +225,7 @@ class Aggregator:
 
     async def on_member_status_observed(self, event: Received[events.MemberStatusObserved]) -> None:
         observed = event.payload
-        report = MemberReport.of(observed)
+        report = MemberReport.of(observed, event.envelope.produced_at)
         await self._update(observed.ref.key, lambda r: r.with_report(report))
         self.schedule(observed.ref.key)
 
