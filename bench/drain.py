@@ -829,7 +829,9 @@ class RealOptions:
 async def run_real(opts: RealOptions) -> dict[str, Any]:
     members = environment.member_labels(opts.members)
     target = next(iter(members))
-    nodes = max(3, math.ceil(opts.objects * 1.1 / PODS_PER_NODE) + 1)
+    # Twice the pods a member ends up with: in a burst the scheduler counts its own
+    # reservations until the syncer's next capacity record takes the pods in.
+    nodes = max(3, math.ceil(opts.objects * 2 / PODS_PER_NODE) + 1)
     fleet = Fleet(opts.state, members, nodes, opts.heartbeat)
     started = time.monotonic()
     try:
@@ -1054,8 +1056,12 @@ async def place(hub: Hub, api: ApiClient, opts: RealOptions, fleet: Fleet, targe
     await asyncio.gather(*(create(i) for i in range(opts.objects)))
     said = ""
 
+    settled: tuple[int, float] = (-1, time.monotonic())
+
     async def all_ready() -> bool:
-        nonlocal said
+        """Every object ready on the hub, and the drained cluster holding all of them
+        or (if some went elsewhere when it looked full) the same number for 15 s."""
+        nonlocal said, settled
         items, _ = await deployments.list()
         ready = sum(1 for d in items if ready_of(d) >= opts.replicas)
         status = (await hub.cluster(target)).get("status") or {}
@@ -1065,7 +1071,11 @@ async def place(hub: Hub, api: ApiClient, opts: RealOptions, fleet: Fleet, targe
         if line != said:
             say(line)
             said = line
-        return ready == opts.objects and status.get("placements") == opts.objects
+        placements = status.get("placements")
+        if not isinstance(placements, int) or placements != settled[0]:
+            settled = (placements if isinstance(placements, int) else -1, time.monotonic())
+        steady = time.monotonic() - settled[1] > 15
+        return ready == opts.objects and (placements == opts.objects or steady)
 
     await until(all_ready, max(300.0, opts.objects * 0.9), "every Deployment ready and placed", 3)
 
