@@ -59,6 +59,7 @@ bench: bootstrap
 	$(PY) bench/transformer.py
 	$(PY) bench/syncer.py
 	$(PY) bench/drain.py
+	$(PY) bench/pipeline.py
 
 lock: $(UV)
 	$(UV) lock

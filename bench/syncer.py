@@ -47,7 +47,6 @@ from flotilla.kubesim.sim import SimOptions
 SYSTEM = "flotilla-system"
 NS = "bench"
 PREFIX = "benchsync"
-ORIGIN = "flotilla.io/origin"
 
 
 def manifest(name: str) -> dict[str, Any]:

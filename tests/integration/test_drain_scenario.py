@@ -22,7 +22,11 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 
 from flotilla.common import events, kube
-from flotilla.common.api import CLUSTER_STATUS_ANNOTATION, FAILOVER_HISTORY_ANNOTATION
+from flotilla.common.api import (
+    CLUSTER_STATUS_ANNOTATION,
+    FAILOVER_HISTORY_ANNOTATION,
+    ORIGIN_LABEL,
+)
 from flotilla.common.bus import Bus
 from flotilla.common.infra import NatsServer, RedisServer
 from flotilla.common.testing import eventually
@@ -54,7 +58,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420
 
 NS = "shop"
 CLUSTER_API = "flotilla.io/v1alpha1"
-ORIGIN_LABEL = "flotilla.io/origin"
 
 
 SEVEN = tuple(dict.fromkeys((*SERVICES, *ALL_SEVEN)))

@@ -1,8 +1,10 @@
 """The syncer as a real process in the end-to-end fixture: works applied to kubesim
 members, status and capacity back, crash recovery, member outages.
 
-The transformer is not part of this fixture's services yet, so the tests publish
-the `WorkRendered` events it would, marked as it marks every rendered object."""
+The tests publish the `WorkRendered` events themselves, marked as the transformer
+marks every rendered object, for objects that are not on the hub: the fleet's own
+transformer renders nothing for them, so the syncer gets exactly the works a test
+gives it (the whole pipeline is `test_transformer.py`'s)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from flotilla.cli.environment import MEMBERS
 from flotilla.common import builders, events
+from flotilla.common.api import ORIGIN_LABEL
 from flotilla.common.bus import Bus
 from flotilla.common.events import ObjectRef, WorkRendered
 from flotilla.common.rediscapacity import RedisCapacityCache
@@ -32,7 +35,6 @@ __all__ = ["fleet"]  # the end-to-end fixture
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 NS = "shop"
-ORIGIN = "flotilla.io/origin"
 
 
 def deployment(name: str, replicas: int = 3) -> dict[str, Any]:
@@ -114,7 +116,7 @@ async def ours(member: KubeSim, plural_path: str) -> list[str]:
         listed: dict[str, Any] = await api.call_api(
             plural_path,
             "GET",
-            query_params=[("labelSelector", ORIGIN)],
+            query_params=[("labelSelector", ORIGIN_LABEL)],
             auth_settings=["BearerToken"],
             response_types_map={200: "object"},
             _return_http_data_only=True,

@@ -364,6 +364,24 @@ def test_annotation_names() -> None:
     assert len(set(api.ANNOTATIONS)) == 6
 
 
+def test_origin_names_on_member_copies() -> None:
+    assert api.ORIGIN_LABEL == api.ORIGIN_ANNOTATION == "flotilla.io/origin"
+    assert api.DECISION_ANNOTATION == "flotilla.io/decision"
+    assert api.HUB_GENERATION_ANNOTATION == "flotilla.io/hub-generation"
+
+
+def test_origin_label_is_the_key_in_label_characters() -> None:
+    assert api.origin_label("apps/v1/Deployment/shop/web") == "apps-v1-deployment-shop-web"
+    assert api.origin_label("v1/Namespace/_/shop") == "v1-namespace-shop"
+
+
+def test_origin_label_of_a_long_key_is_short_and_distinct() -> None:
+    a = api.origin_label("apps/v1/Deployment/shop/" + "x" * 200)
+    b = api.origin_label("apps/v1/Deployment/shop/" + "x" * 199 + "y")
+    assert len(a) <= 63 and len(b) <= 63 and a != b
+    assert a[0].isalnum() and a[-1].isalnum()
+
+
 def test_strategy_values_and_parsing() -> None:
     assert [s.value for s in Strategy] == ["split", "copy", "any", "as-needed"]
     assert api.parse_strategy("as-needed") is Strategy.AS_NEEDED

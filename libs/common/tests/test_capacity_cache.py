@@ -361,3 +361,69 @@ async def test_fake_expiry_follows_its_clock() -> None:
     now[0] += 10
     assert await fake.reserve("c", "s", {"cpu": 1000}, 1, ttl=10)
     assert (await fake.snapshot()).taken_at == 1010.0
+
+
+async def test_concurrent_claims_share_round_trips_and_keep_their_answers(
+    redis_server: RedisServer, unique: str
+) -> None:
+    """Claims of concurrent callers go out pipelined, each still atomic on its own:
+    room for ten replicas, thirty one-replica claims at once, exactly ten granted."""
+    async with RedisCapacityCache.from_url(
+        redis_server.url, prefix=f"test:{unique}:pipelined:"
+    ) as cache:
+        await cache.put(record("c", {"cpu": 10_000, "pods": 100}))
+        await cache.reserve("c", "warm-up", {"cpu": 1}, 1, ttl=60)
+        await cache.release("c", "warm-up")
+        before = cache.claim_round_trips
+        granted = await asyncio.gather(
+            *(cache.reserve("c", f"r{i}", {"cpu": 1000}, 1, ttl=60) for i in range(30))
+        )
+        assert sum(granted) == 10
+        assert granted[:10] == [True] * 10  # in the order they were made
+        assert cache.claim_round_trips - before < 30 / 2
+        assert (await cache.snapshot(["c"])).clusters["c"].reserved == {"cpu": 10_000, "pods": 10}
+
+
+async def test_a_claim_given_up_before_it_was_sent_never_applies(
+    redis_server: RedisServer, unique: str
+) -> None:
+    async with RedisCapacityCache.from_url(
+        redis_server.url, prefix=f"test:{unique}:given-up:"
+    ) as cache:
+        await cache.put(record("c", {"cpu": 10_000, "pods": 100}))
+        first = asyncio.ensure_future(cache.reserve("c", "sent", {"cpu": 1000}, 1, ttl=60))
+        await asyncio.sleep(0)  # the first pipeline is on its way
+        second = asyncio.ensure_future(cache.reserve("c", "dropped", {"cpu": 1000}, 1, ttl=60))
+        await asyncio.sleep(0)
+        second.cancel()
+        assert await first
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        assert [r.id for r in await cache.reservations("c")] == ["sent"]
+
+
+async def test_a_snapshot_carries_a_record_only_to_a_reader_without_it(
+    redis_server: RedisServer, unique: str
+) -> None:
+    prefix = f"test:{unique}:stamps:"
+    async with (
+        RedisCapacityCache.from_url(redis_server.url, prefix=prefix) as cache,
+        RedisCapacityCache.from_url(redis_server.url, prefix=prefix) as other,
+    ):
+        await cache.put(record("a", {"cpu": 4000, "pods": 10}))
+        await cache.put(record("b", {"cpu": 2000, "pods": 10}))
+        first = await cache.snapshot()
+        assert cache.records_read == 2
+        assert await cache.reserve("a", "r", {"cpu": 1000}, 1, ttl=60)
+        second = await cache.snapshot()
+        assert cache.records_read == 2  # same records: only the totals came back
+        assert second.clusters["a"].reserved == {"cpu": 1000, "pods": 1}
+        assert second.clusters["b"] == first.clusters["b"]
+        await other.put(record("a", {"cpu": 8000, "pods": 10}, observed_at=200.0))
+        third = await cache.snapshot(["a"])
+        assert cache.records_read == 3  # rewritten by another writer: read again
+        assert third.clusters["a"].available == {"cpu": 8000, "pods": 10}
+        assert third.clusters["a"].reserved == {"cpu": 1000, "pods": 1}
+        await other.remove("b")
+        assert set((await cache.snapshot()).clusters) == {"a"}
+        assert (await other.snapshot()).clusters == (await cache.snapshot()).clusters

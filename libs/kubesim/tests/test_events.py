@@ -304,6 +304,34 @@ async def test_repeated_events_are_aggregated(cluster: Cluster) -> None:
     assert found == [("Back-off", 3), ("other", 1)]
 
 
+async def test_a_repeat_bumps_a_new_version_and_keeps_what_a_client_added(
+    cluster: Cluster,
+) -> None:
+    rt = cluster.store.resource_type("v1", "Event")
+    handed: list[tuple[dict[str, Any], str]] = []
+    unsubscribe = cluster.store.add_record_listener(
+        rt, lambda record: handed.append((record.object, json.dumps(record.object)))
+    )
+    involved = {"kind": "Pod", "namespace": "default", "name": "y", "uid": "u-y"}
+    try:
+        cluster.sim.recorder.record(involved, "Warning", "BackOff", "Back-off", "kubelet", "n")
+        cluster.sim.recorder.flush()
+        (first,) = _events(cluster, name="y")
+        first["related"] = {"kind": "Node", "name": "n"}  # a client's addition
+        cluster.store.update(rt, first)
+        for _ in range(2):
+            cluster.sim.recorder.record(involved, "Warning", "BackOff", "Back-off", "kubelet", "n")
+        cluster.sim.recorder.flush()
+    finally:
+        unsubscribe()
+    (event,) = _events(cluster, name="y")
+    assert event["count"] == 3
+    assert event["related"] == {"kind": "Node", "name": "n"}
+    assert len(handed) == 4
+    # Every version a watcher was handed still reads as it did then.
+    assert [json.dumps(obj) for obj, _ in handed] == [text for _, text in handed]
+
+
 async def test_many_similar_events_are_combined_like_client_go(cluster: Cluster) -> None:
     involved = {"kind": "ReplicaSet", "namespace": "default", "name": "rs", "uid": "u-rs"}
     for i in range(15):

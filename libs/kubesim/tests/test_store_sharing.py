@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from flotilla.kubesim import store as store_module
-from flotilla.kubesim.store import Store
+from flotilla.kubesim.store import Store, WatchRecord
+
+from .simcluster import Cluster, bare_pod, container, deployment, eventually, template
 
 
 def _pod(name: str, **spec: Any) -> dict[str, Any]:
@@ -95,3 +98,74 @@ def test_readers_get_the_canonical_instance_of_equal_data() -> None:
     assert store.shared({"cpu": 100, "pods": 1}) is first
     assert store.shared({"cpu": 100.0, "pods": 1}) is not first
     assert store.shared([]) == [] and store.shared([]) is store.shared([])
+
+
+async def test_what_the_simulator_stores_never_changes_afterwards(cluster: Cluster) -> None:
+    # The simulator reads stored pods without copying them and builds its writes from
+    # their parts (bindings, statuses): every object a watcher was handed must still
+    # serialize as it did when it was committed, through a rollout, a scale-down, an
+    # unschedulable pod, node readiness flips and a Job running to completion.
+    committed: list[tuple[dict[str, Any], str]] = []
+
+    def keep(record: WatchRecord) -> None:
+        for obj in (record.object, record.old):
+            if obj is not None:
+                committed.append((obj, json.dumps(obj)))
+
+    kinds = ("Pod", "ReplicaSet", "Deployment", "Job", "Node")
+    unsubscribes = [cluster.store.add_record_listener(cluster.rt(kind), keep) for kind in kinds]
+    try:
+        cluster.create(deployment(replicas=4))
+        await eventually(lambda: cluster.status("Deployment", "web").get("readyReplicas") == 4)
+
+        def new_image(d: dict[str, Any]) -> None:
+            d["spec"]["template"]["spec"]["containers"][0]["image"] = "nginx:1.28"
+
+        cluster.update_spec("Deployment", "web", new_image)
+        await eventually(
+            lambda: (
+                (s := cluster.status("Deployment", "web")).get("updatedReplicas") == 4
+                and s.get("availableReplicas") == 4
+                and s.get("replicas") == 4
+            )
+        )
+        cluster.update_spec("Deployment", "web", lambda d: d["spec"].update(replicas=2))
+        cluster.create(bare_pod("big", containers=[container(cpu="12")]))
+        cluster.create(
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": "batch", "namespace": "default"},
+                "spec": {"completions": 2, "template": template("batch", restartPolicy="Never")},
+            }
+        )
+        await eventually(lambda: cluster.status("Job", "batch").get("succeeded") == 2)
+        nodes = sorted(cluster.sim.state.nodes)
+        cluster.sim.set_nodes_ready(nodes, False)
+        cluster.sim.set_nodes_ready(nodes, True)
+        await eventually(lambda: len(cluster.pods("Running")) == 2)
+    finally:
+        for unsubscribe in unsubscribes:
+            unsubscribe()
+    assert len(committed) > 100
+    changed = [text for obj, text in committed if json.dumps(obj) != text]
+    assert changed == []
+
+
+def test_an_owned_update_hands_the_object_over_and_returns_the_stored_one() -> None:
+    store = Store()
+    pod_rt = store.resource_type("v1", "Pod")
+    store.create(pod_rt, _pod("a"))
+    status = {"phase": "Running", "podIP": "10.64.0.1"}
+    meta = {"name": "a", "namespace": "default"}
+    stored = store.update(
+        pod_rt, {"metadata": meta, "status": status}, subresource="status", owned=True
+    )
+    assert stored is store.get_frozen(pod_rt, "default", "a")
+    assert stored["status"] is status  # handed over, not copied
+    # Without `owned`, the caller's object is copied in and a copy comes back.
+    other = {"phase": "Succeeded"}
+    copy = store.update(pod_rt, {"metadata": meta, "status": other}, subresource="status")
+    assert copy is not store.get_frozen(pod_rt, "default", "a")
+    assert store.get_frozen(pod_rt, "default", "a")["status"] is not other
+    assert copy["status"] == other

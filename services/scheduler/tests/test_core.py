@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Sequence
 from datetime import timedelta
 
 import pytest
@@ -14,7 +15,15 @@ from flotilla.common import capacity
 from flotilla.common.api import PlacementState, Strategy
 from flotilla.common.events import ClusterPlacement, PlacementDecided
 from flotilla.scheduler.core import release_retiring, schedule
-from flotilla.scheduler.model import Code, Decision, Fleet, SchedulingInput
+from flotilla.scheduler.model import (
+    ClusterView,
+    Code,
+    Decision,
+    Fleet,
+    Rejections,
+    SchedulingInput,
+    Verdict,
+)
 
 from .builders import (
     NOW,
@@ -584,6 +593,7 @@ def test_patched_fleet_decides_like_a_fresh_one(
     )
     fresh = Fleet([c.build() for c in clusters], snapshot)
     assert patched.fingerprint == fresh.fingerprint
+    assert patched.views == fresh.views  # every field of a patched view carried over
     for obj in objects:
         warm = schedule(make_input(obj, patched, policy=policy, previous=previous))
         cold = schedule(make_input(obj, fresh, policy=policy, previous=previous))
@@ -602,3 +612,40 @@ def test_rejections_are_sent_once_per_reason() -> None:
     assert event.rejected[reason] == [f"t{i:02d}" for i in range(20)]
     assert event.reasons_for("t07") == [reason]
     assert event.reasons_for("ok") == []
+
+
+def test_a_capacity_patch_judges_again_only_what_capacity_can_change() -> None:
+    """A rejection by a filter that does not read capacity stands through a patch;
+    clusters that passed, or that capacity rejected, are judged again."""
+    clusters = [make_cluster("a").cordoned(), make_cluster("b"), make_cluster("c")]
+    patched = fleet(*clusters)
+    judged: list[list[str]] = []
+
+    def judge(views: Sequence[ClusterView]) -> tuple[list[ClusterView], Rejections]:
+        judged.append([v.name for v in views])
+        rejections: Rejections = {}
+        for v in views:
+            if v.name == "a":
+                rejections[v.name] = Verdict(Code.UNSCHEDULABLE, "cordon", "cordoned")
+            elif v.name == "c":
+                rejections[v.name] = Verdict(Code.UNSCHEDULABLE, "capacity", "full")
+        return [v for v in views if v.name not in rejections], rejections
+
+    def stands(verdict: Verdict) -> bool:
+        return verdict.unit != "capacity"
+
+    first = patched.verdicts("k", judge, stands=stands)
+    records = {c.name: c.record() for c in clusters}
+    patched.patch(
+        {
+            name: record.model_copy(update={"reserved": {"cpu": 1}})
+            for name, record in records.items()
+            if record is not None
+        }
+    )
+    second = patched.verdicts("k", judge, stands=stands)
+    assert judged == [["a", "b", "c"], ["b", "c"]]
+    assert [v.name for v in second[0]] == [v.name for v in first[0]] == ["b"]
+    assert second[1] == first[1]
+    assert patched.verdicts("k", judge, stands=stands) == second
+    assert len(judged) == 2  # nothing patched since: the memo answers

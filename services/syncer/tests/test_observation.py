@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from flotilla.common.api import ORIGIN_LABEL
 from flotilla.common.events import ObjectRef
 from flotilla.syncer import observation
 
@@ -118,7 +119,7 @@ def test_server_defaults_and_other_fields_are_not_drift() -> None:
     [
         lambda o: o["spec"].__setitem__("replicas", 7),
         lambda o: o["spec"]["template"]["spec"]["containers"][0].__setitem__("image", "evil"),
-        lambda o: o["metadata"]["labels"].pop(observation.ORIGIN_LABEL),
+        lambda o: o["metadata"]["labels"].pop(ORIGIN_LABEL),
         lambda o: o["spec"]["template"]["spec"]["containers"].append({"name": "extra"}),
         lambda o: o["spec"].pop("selector"),
     ],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
@@ -21,7 +22,7 @@ from flotilla.common.events import (
 )
 from flotilla.common.interpreters import Registry
 from flotilla.common.membus import MemoryBus
-from flotilla.common.store import MemoryBucket, Store
+from flotilla.common.store import Conflict, MemoryBucket, Store
 from flotilla.transformer import service
 from flotilla.transformer.records import DependentsRecord, ObjectRecord
 from flotilla.transformer.steps import ClusterFacts
@@ -373,6 +374,55 @@ async def test_config_changes_of_transformations_forget_the_cache(harness: Harne
     envelope = events.envelope(change, key=change.ref.key, producer="test")
     await harness.transformer.on_config_changed(Received.of(envelope))
     assert harness.hub.forgotten == 1
+
+
+class RoundTripBucket(MemoryBucket):
+    """A bucket whose reads and writes yield to the loop, as a JetStream round trip
+    does; it counts the compare-and-sets that lost."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conflicts = 0
+
+    async def get(self, key: str) -> Any:
+        await asyncio.sleep(0)
+        return await super().get(key)
+
+    async def create(self, key: str, data: bytes) -> int:
+        await asyncio.sleep(0)
+        try:
+            return await super().create(key, data)
+        except Conflict:
+            self.conflicts += 1
+            raise
+
+    async def update(self, key: str, data: bytes, revision: int) -> int:
+        await asyncio.sleep(0)
+        try:
+            return await super().update(key, data, revision)
+        except Conflict:
+            self.conflicts += 1
+            raise
+
+
+async def test_renders_sharing_a_dependency_at_once_update_its_dependents_in_turn() -> None:
+    """Twenty objects of one namespace placed at once all need its ConfigMap: one
+    replica updates the shared dependents record one render at a time, so no
+    compare-and-set is lost (each loss re-reads the whole, growing record)."""
+    harness = Harness()
+    harness.hub.add(CONFIG)
+    bucket = RoundTripBucket()
+    harness.transformer.dependents = harness.dependents = Store(bucket, DependentsRecord)
+    objs = [deployment(f"web-{i}", 3) for i in range(20)]
+    for obj in objs:
+        await harness.analyze(obj, CONFIG_REF)
+    await asyncio.gather(*(harness.decide(obj, {"a": 3}) for obj in objs))
+
+    entry = await harness.dependents.get(CONFIG_REF.key)
+    assert entry is not None
+    assert entry.value.clusters == {"a": sorted(map(ObjectRef.of, objs), key=lambda r: r.key)}
+    assert bucket.conflicts == 0
+    assert harness.transformer._dependency_locks == {}, "no lock outlives its updates"
 
 
 async def test_a_dependency_removed_while_another_object_takes_it_is_published_again(

@@ -66,11 +66,11 @@ CONDITIONS = {
     api.ClusterConditionType.DRAINED: "drain coordinator: nothing is placed there any more.",
 }
 LABELS_ON_COPIES = {
-    "flotilla.io/origin (label)": "a DNS-label-safe form of the hub object's key; the syncer "
+    f"{api.ORIGIN_LABEL} (label)": "a DNS-label-safe form of the hub object's key; the syncer "
     "touches no member object without it",
-    "flotilla.io/origin (annotation)": "the hub object's key, exactly",
-    "flotilla.io/decision": "the placement decision the copy was rendered from",
-    "flotilla.io/hub-generation": "the hub object's generation the copy was rendered from",
+    f"{api.ORIGIN_ANNOTATION} (annotation)": "the hub object's key, exactly",
+    api.DECISION_ANNOTATION: "the placement decision the copy was rendered from",
+    api.HUB_GENERATION_ANNOTATION: "the hub object's generation the copy was rendered from",
 }
 
 

@@ -29,7 +29,9 @@ its annotation, its policy and its type's default; every service calls it.
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal, NamedTuple, TypeAlias, TypeVar
@@ -66,6 +68,30 @@ ANNOTATIONS = (
     CLUSTER_STATUS_ANNOTATION,
     FAILOVER_HISTORY_ANNOTATION,
 )
+
+ORIGIN_LABEL = "flotilla.io/origin"
+"""On every copy Flotilla renders for a member: `origin_label` of the hub object's
+key. The syncer touches no member object without it."""
+ORIGIN_ANNOTATION = "flotilla.io/origin"
+"""On every member copy: the hub object's key, exactly."""
+DECISION_ANNOTATION = "flotilla.io/decision"
+"""On every member copy: the placement decision it was rendered from."""
+HUB_GENERATION_ANNOTATION = "flotilla.io/hub-generation"
+"""On every member copy: the hub object's generation it was rendered from."""
+
+_MAX_LABEL_VALUE = 63
+_NOT_IN_LABEL_VALUE = re.compile(r"[^a-z0-9]+")
+
+
+def origin_label(key: str) -> str:
+    """The ``flotilla.io/origin`` label value of hub key `key`: DNS-label characters,
+    at most 63 of them (a long key keeps its start and gets a digest of the whole key,
+    so two long keys stay distinct)."""
+    safe = _NOT_IN_LABEL_VALUE.sub("-", key.lower()).strip("-")
+    if len(safe) <= _MAX_LABEL_VALUE:
+        return safe or "object"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return f"{safe[: _MAX_LABEL_VALUE - len(digest) - 1].strip('-')}-{digest}"
 
 
 class Strategy(enum.StrEnum):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from flotilla.common import api
 from flotilla.common.api import PlacementState, ResourceInterpreter
 from flotilla.common.events import ClusterPlacement, ObjectRef, PlacementDecided
 
@@ -76,12 +77,12 @@ def rendered(
     meta = out.setdefault("metadata", {})
     namespace = meta.get("namespace") or "_"
     key = f"{out['apiVersion']}/{out['kind']}/{namespace}/{meta['name']}"
-    meta.setdefault("labels", {})["flotilla.io/origin"] = f"{out['kind'].lower()}-{meta['name']}"
+    meta.setdefault("labels", {})[api.ORIGIN_LABEL] = api.origin_label(key)
     meta.setdefault("annotations", {}).update(
         {
-            "flotilla.io/origin": key,
-            "flotilla.io/decision": decision,
-            "flotilla.io/hub-generation": str(hub_generation),
+            api.ORIGIN_ANNOTATION: key,
+            api.DECISION_ANNOTATION: decision,
+            api.HUB_GENERATION_ANNOTATION: str(hub_generation),
         }
     )
     return out

@@ -4,19 +4,29 @@ See `flotilla.common.capacity` for the models and the fit rule this shares with 
 fake. The Redis side is two small Lua scripts rather than a library: nothing
 maintained offers an atomic "check several resource amounts against a record minus
 live, expiring claims, then claim" on Redis.
+
+Claims are the hot path (one per scheduling decision), so `RedisCapacityCache.claim`
+pipelines them: the claims of concurrent callers that arrive while a pipeline is
+in flight go out together in the next one (one write, one round trip), each still
+its own atomic script call, in the order they were made. redis-py pipelines but
+does not coalesce calls of independent callers, hence the small queue here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import hashlib
 import json
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from pydantic import SecretStr
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from flotilla.common import config
@@ -34,6 +44,8 @@ from flotilla.common.errors import Unavailable
 #   <prefix>clusters               set of cluster names (what snapshot() with no names reads)
 #   <prefix>cluster:<name>         the record as compact JSON, `reserved` left out
 #   <prefix>available:<name>       its `available` alone (what a claim reads of the record)
+#   <prefix>stamp:<name>           a digest of the record's JSON: a snapshot sends the
+#                                  record only to a reader that does not hold it yet
 #   <prefix>nodefit:<name>         hash  shape -> replicas of it the nodes hold (a memo
 #                                  of the claim script, cleared when the record changes)
 #   <prefix>reservations:<name>    hash  id -> {"requests": {...}, "replicas": n}
@@ -222,24 +234,36 @@ return 1
 _SNAPSHOT = (
     _LUA_COMMON
     + """
--- KEYS: the cluster index set. ARGV: prefix, then cluster names (none = every cluster).
+-- KEYS: the cluster index set. ARGV: prefix, the number of known stamps, that many
+-- (name, stamp) pairs the reader already holds the record of, then cluster names
+-- (none = every cluster).
 -- The per-cluster keys are derived here, which is why the cache needs a standalone
 -- (or Sentinel) Redis rather than Redis Cluster: one snapshot must read them all atomically.
 local prefix = ARGV[1]
+local known = {}
+local i = 3
+for _ = 1, tonumber(ARGV[2]) do
+  known[ARGV[i]] = ARGV[i + 1]
+  i = i + 2
+end
 local names = {}
-if #ARGV > 1 then
-  for i = 2, #ARGV do names[#names + 1] = ARGV[i] end
+if #ARGV >= i then
+  for j = i, #ARGV do names[#names + 1] = ARGV[j] end
 else
   names = redis.call('SMEMBERS', KEYS[1])
 end
--- Per cluster: name, record JSON, and the live totals as a flat list.
+-- Per cluster: name, live totals as a flat list, stamp (false: none), and the record
+-- JSON (false when the reader holds the record of that stamp).
 local out = {t[1], t[2]}
 for _, name in ipairs(names) do
-  local raw = redis.call('GET', prefix .. 'cluster:' .. name)
-  if raw then
+  local record_key = prefix .. 'cluster:' .. name
+  if redis.call('EXISTS', record_key) == 1 then
     local totals_key = prefix .. 'reserved:' .. name
     purge(prefix .. 'reservations:' .. name, prefix .. 'expiry:' .. name, totals_key)
-    out[#out + 1] = {name, raw, redis.call('HGETALL', totals_key)}
+    local stamp = redis.call('GET', prefix .. 'stamp:' .. name)
+    local raw = false
+    if not stamp or known[name] ~= stamp then raw = redis.call('GET', record_key) end
+    out[#out + 1] = {name, redis.call('HGETALL', totals_key), stamp, raw}
   end
 end
 return out
@@ -283,7 +307,15 @@ class RedisCapacityCache:
         self._client = client
         self._prefix = prefix
         self._claim = client.register_script(_CLAIM)
-        self._parsed: dict[bytes | str, tuple[bytes | str, ClusterCapacity]] = {}
+        self._queued: list[tuple[list[str | int], asyncio.Future[list[bytes | str]]]] = []
+        """Claims waiting for the pipeline in flight to return (see `claim`)."""
+        self._sender: asyncio.Task[None] | None = None
+        self.claim_round_trips = 0
+        """Pipelines of claims sent (for tests and benchmarks)."""
+        self._parsed: dict[str, tuple[str, ClusterCapacity]] = {}
+        """Cluster → the stamp and the record last read (what a snapshot need not send)."""
+        self.records_read = 0
+        """Record bodies snapshots have carried (for tests and benchmarks)."""
         self._release = client.register_script(_RELEASE)
         self._snapshot = client.register_script(_SNAPSHOT)
         self._list = client.register_script(_LIST)
@@ -322,9 +354,11 @@ class RedisCapacityCache:
 
     async def put(self, record: ClusterCapacity) -> None:
         body = record.model_dump_json(exclude={"reserved"})
+        stamp = hashlib.blake2b(body.encode(), digest_size=12).hexdigest()
         with _unavailable(f"put {record.cluster}"):
             async with self._client.pipeline(transaction=True) as pipe:
                 pipe.set(self._key("cluster", record.cluster), body)
+                pipe.set(self._key("stamp", record.cluster), stamp)
                 pipe.set(
                     self._key("available", record.cluster),
                     json.dumps(record.available, separators=(",", ":")),
@@ -335,12 +369,12 @@ class RedisCapacityCache:
 
     async def remove(self, cluster: str) -> None:
         self._parsed.pop(cluster, None)
-        self._parsed.pop(cluster.encode(), None)
         with _unavailable(f"remove {cluster}"):
             async with self._client.pipeline(transaction=True) as pipe:
                 pipe.delete(
                     self._key("cluster", cluster),
                     self._key("available", cluster),
+                    self._key("stamp", cluster),
                     self._key("nodefit", cluster),
                     self._key("reservations", cluster),
                     self._key("expiry", cluster),
@@ -355,26 +389,47 @@ class RedisCapacityCache:
             with _unavailable("snapshot"):
                 seconds, micros = await self._client.time()
             return Snapshot(clusters={}, taken_at=seconds + micros / 1e6)
-        with _unavailable("snapshot"):
-            reply = await self._snapshot(
-                keys=[f"{self._prefix}clusters"], args=[self._prefix, *names]
-            )
+        reply = await self._read_snapshot(names, known=True)
+        missing = [
+            _text(entry[0])
+            for entry in reply[2:]
+            if entry[3] is None and _text(entry[0]) not in self._parsed
+        ]
+        if missing:  # forgotten meanwhile (a concurrent `remove`): read those in full
+            reply = reply[:2] + [e for e in reply[2:] if _text(e[0]) not in missing]
+            reply += (await self._read_snapshot(missing, known=False))[2:]
         records = {}
-        for name, raw, flat in reply[2:]:
-            # A record is rewritten only when its cluster reports; between reports the
-            # same bytes come back, and are not parsed again.
-            parsed = self._parsed.get(name)
-            if parsed is not None and parsed[0] == raw:
-                record = parsed[1]
+        for raw_name, flat, raw_stamp, raw in reply[2:]:
+            name = _text(raw_name)
+            if raw is None:
+                record = self._parsed[name][1]
             else:
+                self.records_read += 1
                 record = ClusterCapacity.model_validate_json(raw)
-                self._parsed[name] = (raw, record)
+                if raw_stamp is None:
+                    self._parsed.pop(name, None)
+                else:
+                    self._parsed[name] = (_text(raw_stamp), record)
             reserved: Requests = {}
             for resource, amount in zip(flat[::2], flat[1::2], strict=True):
                 if int(amount):
                     reserved[_text(resource)] = int(amount)
             records[record.cluster] = record.model_copy(update={"reserved": reserved})
         return Snapshot(clusters=records, taken_at=int(reply[0]) + int(reply[1]) / 1e6)
+
+    async def _read_snapshot(self, names: list[str], *, known: bool) -> list[Any]:
+        """One snapshot script call; with `known`, records this cache holds under the
+        same stamp come back as None (a record is rewritten only when its cluster
+        reports; between reports the same bytes would come back and be parsed again)."""
+        held = [(n, stamp) for n, (stamp, _) in self._parsed.items()] if known else []
+        args: list[str | int] = [self._prefix, len(held)]
+        for name, stamp in held:
+            args.extend([name, stamp])
+        with _unavailable("snapshot"):
+            reply: list[Any] = await self._snapshot(
+                keys=[f"{self._prefix}clusters"], args=[*args, *names]
+            )
+        return reply
 
     async def reserve(
         self,
@@ -410,9 +465,69 @@ class RedisCapacityCache:
         for cluster, reservation_id in releases:
             args.extend([cluster, reservation_id])
         where = ", ".join(sorted({one.cluster for one in claims} | {c for c, _ in releases}))
+        future: asyncio.Future[list[bytes | str]] = asyncio.get_running_loop().create_future()
+        self._queued.append((args, future))
+        if self._sender is None:
+            self._sender = asyncio.create_task(self._send_claims())
         with _unavailable(f"claim on {where}"):
-            refused = await self._claim(keys=[f"{self._prefix}clusters"], args=args)
+            refused = await future
         return {_text(name) for name in refused}
+
+    async def _send_claims(self) -> None:
+        """Send the queued claims, one pipeline at a time, until none are left."""
+        batch: list[tuple[list[str | int], asyncio.Future[list[bytes | str]]]] = []
+        try:
+            while self._queued:
+                # A caller that gave up before its claim was sent never claims.
+                batch = [(args, f) for args, f in self._queued if not f.done()]
+                self._queued = []
+                if not batch:
+                    continue
+                try:
+                    replies = await self._pipelined([args for args, _ in batch])
+                except Exception as exc:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, future), reply in zip(batch, replies, strict=True):
+                    if future.done():
+                        continue
+                    if isinstance(reply, BaseException):
+                        future.set_exception(reply)
+                    else:
+                        future.set_result(reply)
+                batch = []
+        except BaseException as exc:
+            # Cancelled (the client closing): nobody may wait for ever.
+            for _, future in batch + self._queued:
+                if not future.done():
+                    future.set_exception(RedisConnectionError(f"claim not sent: {exc!r}"))
+            self._queued = []
+            raise
+        finally:
+            self._sender = None
+
+    async def _pipelined(self, calls: list[list[str | int]]) -> list[Any]:
+        """One claim script call per args in one pipeline; each reply or its error. A
+        Redis that forgot the script (restarted) gets it again, and the calls it
+        refused for that are sent once more (they did not run)."""
+        key = f"{self._prefix}clusters"
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in range(2):
+            self.claim_round_trips += 1
+            async with self._client.pipeline(transaction=False) as pipe:
+                for i in todo:
+                    pipe.evalsha(self._claim.sha, 1, key, *calls[i])
+                answers = await pipe.execute(raise_on_error=False)
+            for i, answer in zip(todo, answers, strict=True):
+                replies[i] = answer
+            todo = [i for i in todo if isinstance(replies[i], NoScriptError)]
+            if not todo or attempt:
+                break
+            await self._client.script_load(_CLAIM)
+        return replies
 
     def _held_keys(self, cluster: str) -> list[str]:
         return [

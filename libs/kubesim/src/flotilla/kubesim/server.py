@@ -301,13 +301,10 @@ class KubeSim:
         self._documents = openapi.Documents(
             lambda: list(self.store.registry), self.store.crd_schema
         )
+        self._tls = tls
+        self._tls_dir = tls_dir
+        # The CA, from the first start on (made, or loaded from `tls_dir`, then).
         self.authority: tls_certs.Authority | None = None
-        if tls:
-            self.authority = (
-                tls_certs.Authority.load_or_create(tls_dir, name)
-                if tls_dir is not None
-                else tls_certs.Authority.generate(name)
-            )
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -328,8 +325,14 @@ class KubeSim:
         await runner.setup()
         try:
             context = None
-            if self.authority is not None:
-                context = self.authority.server_context([self.host, "127.0.0.1", "localhost"])
+            if self._tls:
+                self.authority, serving = await tls_certs.provision(
+                    self.name,
+                    [self.host, "127.0.0.1", "localhost"],
+                    self.authority,
+                    self._tls_dir,
+                )
+                context = tls_certs.server_context(serving)
             site = web.TCPSite(runner, self.host, self.port, ssl_context=context)
             await site.start()
             self.port = int(runner.addresses[0][1])

@@ -7,41 +7,50 @@ kubeconfigs written earlier trust — and a serving certificate for the addresse
 listens on. The kubeconfig carries the CA as `certificate-authority-data`, so a
 client needs nothing but that file.
 
-EC P-256 keys: generating one takes well under a millisecond, which matters because
-the test suites start hundreds of servers.
+The certificates are made by `python -m flotilla.kubesim.certs` in a child process
+(`provision`), so the server never imports the `cryptography` package: it would stay
+resident (about 9 MiB) for work done once at start. This module only passes PEM
+around and builds `ssl` contexts from it with the standard library; the child is
+shared by the servers one process starts and exits once idle (see `certs.py`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import base64
-import datetime
-import ipaddress
+import contextlib
+import json
 import os
+import select
 import ssl
+import subprocess
+import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-_VALIDITY = datetime.timedelta(days=3650)
 _CA_CERT = "ca.crt"
 _CA_KEY = "ca.key"
+# Generous: the helper starts an interpreter and imports cryptography (~0.2 s idle).
+TIMEOUT_SECONDS = 60.0
+# The helper exits after this long without a request.
+IDLE_SECONDS = 10.0
 
 
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
+class CertificateError(RuntimeError):
+    """The certificate helper refused a request (the reason is in the message) or went
+    away without answering (a crash prints its traceback on this process's stderr)."""
 
 
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+@dataclass(frozen=True)
+class Serving:
+    """A serving certificate: the PEM chain (certificate, then CA) and its key."""
+
+    chain_pem: bytes
+    key_pem: bytes
 
 
 @dataclass(frozen=True)
@@ -52,102 +61,145 @@ class Authority:
     key_pem: bytes
 
     @classmethod
-    def generate(cls, name: str) -> Authority:
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
-        subject = _name(f"kubesim-ca-{name}")
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + _VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
-            .sign(key, hashes.SHA256())
-        )
-        return cls(cert.public_bytes(serialization.Encoding.PEM), _pem_key(key))
-
-    @classmethod
-    def load_or_create(cls, directory: str | Path, name: str) -> Authority:
-        """The CA kept in `directory` (created there on first use, key readable by owner only)."""
+    def load(cls, directory: str | Path) -> Authority | None:
+        """The CA kept in `directory`, or None when it holds none (yet)."""
         folder = Path(directory)
         cert_path, key_path = folder / _CA_CERT, folder / _CA_KEY
         if cert_path.exists() and key_path.exists():
             return cls(cert_path.read_bytes(), key_path.read_bytes())
-        authority = cls.generate(name)
+        return None
+
+    def save(self, directory: str | Path) -> None:
+        """Keep the CA in `directory`, both files readable by their owner only."""
+        folder = Path(directory)
         folder.mkdir(parents=True, exist_ok=True)
-        _write_private(key_path, authority.key_pem)
-        _write_private(cert_path, authority.cert_pem)
-        return authority
+        # The key first: `load` wants both, so a crash in between leaves no half CA.
+        _write_private(folder / _CA_KEY, self.key_pem)
+        _write_private(folder / _CA_CERT, self.cert_pem)
 
     @property
     def cert_data(self) -> str:
         """The CA as kubeconfig's `certificate-authority-data` (base64 of the PEM)."""
         return base64.b64encode(self.cert_pem).decode()
 
-    def issue(self, hosts: list[str]) -> tuple[bytes, bytes]:
-        """A serving certificate (PEM chain, PEM key) for `hosts` (IPs or DNS names)."""
-        ca_cert = x509.load_pem_x509_certificate(self.cert_pem)
-        ca_key = serialization.load_pem_private_key(self.key_pem, password=None)
-        if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-            raise ValueError("the kubesim CA key must be an EC key")
-        key = ec.generate_private_key(ec.SECP256R1())
-        names: list[x509.GeneralName] = []
-        for host in dict.fromkeys(hosts):
-            try:
-                names.append(x509.IPAddress(ipaddress.ip_address(host)))
-            except ValueError:
-                names.append(x509.DNSName(host))
-        now = datetime.datetime.now(datetime.UTC)
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(_name("kubesim-apiserver"))
-            .issuer_name(ca_cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + _VALIDITY)
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)
-            .sign(ca_key, hashes.SHA256())
-        )
-        return cert.public_bytes(serialization.Encoding.PEM) + self.cert_pem, _pem_key(key)
-
-    def server_context(self, hosts: list[str]) -> ssl.SSLContext:
-        """An SSL context serving a fresh certificate for `hosts`, offering h1 only."""
-        chain, key = self.issue(hosts)
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        # `load_cert_chain` reads files only; they live just long enough to be read.
-        with tempfile.TemporaryDirectory(prefix="kubesim-tls-") as folder:
-            cert_path, key_path = Path(folder) / "tls.crt", Path(folder) / "tls.key"
-            _write_private(cert_path, chain)
-            _write_private(key_path, key)
-            context.load_cert_chain(cert_path, key_path)
-        # kubectl would pick HTTP/2 if offered; aiohttp speaks HTTP/1.1 only.
-        context.set_alpn_protocols(["http/1.1"])
-        return context
-
     def client_context(self) -> ssl.SSLContext:
         """What a client needs to trust servers of this CA (for raw aiohttp sessions)."""
         return ssl.create_default_context(cadata=self.cert_pem.decode())
+
+
+async def provision(
+    name: str,
+    hosts: list[str],
+    authority: Authority | None = None,
+    directory: str | Path | None = None,
+) -> tuple[Authority, Serving]:
+    """The CA (`authority`, else the one kept in `directory`, else a new one, then kept
+    there) and a fresh serving certificate for `hosts` (IPs or DNS names), made by one
+    run of the certificate helper process."""
+    if authority is None and directory is not None:
+        authority = Authority.load(directory)
+    request: dict[str, Any] = {"name": name, "hosts": hosts, "ca": None}
+    if authority is not None:
+        request["ca"] = {"cert": authority.cert_pem.decode(), "key": authority.key_pem.decode()}
+    answer = await _run_helper(request)
+    if authority is None:
+        authority = Authority(answer["ca"]["cert"].encode(), answer["ca"]["key"].encode())
+        if directory is not None:
+            authority.save(directory)
+    return authority, Serving(answer["cert"].encode(), answer["key"].encode())
+
+
+class _Helper:
+    """The certificate helper process (`certs.py`), started on demand and shared by every
+    server of this process. It exits by itself once idle; a request that finds it gone
+    (or racing its exit) starts another. Requests are blocking pipe round trips, made
+    from a worker thread so any event loop can use the same helper."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        line = (json.dumps(request) + "\n").encode()
+        with self._lock:
+            reply = self._round_trip(line) or self._round_trip(line)
+        if not reply:
+            raise CertificateError("the certificate helper process exited without answering")
+        answer: dict[str, Any] = json.loads(reply)
+        if "error" in answer:
+            raise CertificateError(f"making the TLS certificates failed: {answer['error']}")
+        return answer
+
+    def _round_trip(self, line: bytes) -> bytes:
+        """The helper's answer to `line`, or b"" when the helper had gone away."""
+        process = self._process
+        if process is not None and process.poll() is not None:
+            self._stop(process)  # it exited once idle
+            process = None
+        if process is None:
+            process = self._process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "flotilla.kubesim.certs",
+                    "--idle-seconds",
+                    str(IDLE_SECONDS),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )
+        assert process.stdin is not None and process.stdout is not None
+        try:
+            process.stdin.write(line)
+            process.stdin.flush()
+            ready, _, _ = select.select([process.stdout], [], [], TIMEOUT_SECONDS)
+            reply = process.stdout.readline() if ready else b""
+        except OSError:  # BrokenPipeError: it exited before reading the request
+            reply = b""
+        if not reply:
+            self._stop(process)
+        return reply
+
+    def _stop(self, process: subprocess.Popen[bytes]) -> None:
+        if self._process is process:
+            self._process = None
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        try:
+            process.wait(1.0)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def close(self) -> None:
+        """Stop the helper now (it would exit once idle anyway)."""
+        with self._lock:
+            if self._process is not None:
+                self._stop(self._process)
+
+
+_helper = _Helper()
+atexit.register(_helper.close)
+
+
+async def _run_helper(request: dict[str, Any]) -> dict[str, Any]:
+    return await asyncio.to_thread(_helper.ask, request)
+
+
+def server_context(serving: Serving) -> ssl.SSLContext:
+    """An SSL context serving `serving`, offering h1 only."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    # `load_cert_chain` reads files only; they live just long enough to be read.
+    with tempfile.TemporaryDirectory(prefix="kubesim-tls-") as folder:
+        cert_path, key_path = Path(folder) / "tls.crt", Path(folder) / "tls.key"
+        _write_private(cert_path, serving.chain_pem)
+        _write_private(key_path, serving.key_pem)
+        context.load_cert_chain(cert_path, key_path)
+    # kubectl would pick HTTP/2 if offered; aiohttp speaks HTTP/1.1 only.
+    context.set_alpn_protocols(["http/1.1"])
+    return context
 
 
 def _write_private(path: Path, data: bytes) -> None:

@@ -30,10 +30,14 @@ LabelMatcher = Callable[[Mapping[str, str]], bool]
 MAX_BACKLOG = 250_000
 
 
+# One compact encoder for every line (`json.dumps` with arguments builds one per call).
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 def encode_event(kind: str, obj: Mapping[str, Any], api_version: str | None = None) -> bytes:
     if api_version is not None and obj.get("apiVersion") != api_version:
         obj = {**obj, "apiVersion": api_version}
-    return json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode() + b"\n"
+    return _ENCODER.encode({"type": kind, "object": obj}).encode() + b"\n"
 
 
 def encode_record(record: WatchRecord, kind: str, rt: ResourceType) -> bytes:

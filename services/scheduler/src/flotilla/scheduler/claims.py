@@ -82,6 +82,13 @@ def _total(claims: Iterable[Claim]) -> Requests:
     )
 
 
+def _by_cluster(claims: Iterable[Claim]) -> dict[str, list[Claim]]:
+    grouped: dict[str, list[Claim]] = {}
+    for claim in claims:
+        grouped.setdefault(claim.cluster, []).append(claim)
+    return grouped
+
+
 def plan(
     key: str,
     analyzed: ResourceAnalyzed,
@@ -112,10 +119,14 @@ def plan(
     touched = list(dict.fromkeys([c.cluster for c in claims] + left))
     undo_claims = [c for name in touched if name in before for c in shapes(key, was, before[name])]
     undo_releases = [(c.cluster, c.reservation_id) for c in claims if c.cluster not in before]
+    # Grouped once: a copy object claims on every eligible cluster, and scanning every
+    # claim per touched cluster made a plan quadratic in the fleet.
+    claimed = _by_cluster(claims)
+    held_before = _by_cluster(undo_claims)
     delta: dict[str, Requests] = {}
     for name in touched:
-        held = _total(c for c in undo_claims if c.cluster == name)
-        new = _total(c for c in claims if c.cluster == name)
+        held = _total(held_before.get(name, ()))
+        new = _total(claimed.get(name, ()))
         change = {r: new.get(r, 0) - held.get(r, 0) for r in new.keys() | held.keys()}
         delta[name] = {r: amount for r, amount in change.items() if amount}
     return Plan(

@@ -128,8 +128,11 @@ def run_filters(ctx: Context) -> tuple[list[ClusterView], Rejections]:
     memoised = [unit for _, unit in units if unit.key is not None]
     per_decision = [unit for _, unit in units if unit.key is None]
     key = ("filters", *((name, unit.key(ctx)) for name, unit in units if unit.key is not None))
+    reads_capacity = {name for name, unit in units if unit.key is not None and unit.reads_capacity}
     passing, rejections = fleet.verdicts(
-        key, lambda views: _chain(dataclasses.replace(ctx, held={}), memoised, views)
+        key,
+        lambda views: _chain(dataclasses.replace(ctx, held={}), memoised, views),
+        stands=lambda verdict: verdict.unit not in reads_capacity,
     )
     held = ctx.held
     if held:

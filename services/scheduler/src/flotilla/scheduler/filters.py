@@ -90,6 +90,11 @@ class Filter:
     only on the fleet and this key (never on ``now``, the previous placement or the
     object's uid). The core then runs it once per fleet and key for every cluster and
     reuses the verdicts; clusters that hold the object are always checked afresh."""
+    reads_capacity: bool = False
+    """Set when the check reads capacity (``ctx.fits``, a view's record). A fleet's
+    clusters are fixed and only their capacity is patched, so after a patch the
+    memoised verdicts of filters that do not read it stand: only clusters that
+    passed, or that a capacity-reading filter rejected, are judged again."""
 
     def __call__(self, ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
         return self.check(ctx, candidates)
@@ -99,12 +104,13 @@ FILTERS: Registry[Filter] = Registry("filter")
 
 
 def register(
-    name: str, key: Callable[[Context], Hashable] | None = None
+    name: str, key: Callable[[Context], Hashable] | None = None, *, reads_capacity: bool = False
 ) -> Callable[[Check], Check]:
-    """Register ``check`` as the filter ``name`` (see `Filter.key`)."""
+    """Register ``check`` as the filter ``name`` (see `Filter.key`, `Filter.reads_capacity`).
+    Its verdicts must name it as their unit."""
 
     def decorate(check: Check) -> Check:
-        FILTERS.add(name, Filter(check, key))
+        FILTERS.add(name, Filter(check, key, reads_capacity))
         return check
 
     return decorate
@@ -239,6 +245,7 @@ def describe_requests(requests: dict[str, int] | None) -> str:
 @register(
     "capacity",
     key=lambda ctx: (requests_key(ctx.per_replica), components_key(ctx.components), ctx.required),
+    reads_capacity=True,
 )
 def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
     required = ctx.required

@@ -38,7 +38,6 @@ have ``redis`` in its import graph (the import-linter contract follows imports u
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import hashlib
 import json
@@ -255,6 +254,23 @@ class ClusterView:
             name_hash=hash64(cluster.metadata.name),
         )
 
+    def with_capacity(self, record: CapacityRecord | None) -> ClusterView:
+        """The same cluster with another capacity record (what `Fleet.patch` does per
+        patched cluster, once per decision; positional, a third of
+        ``dataclasses.replace``'s cost)."""
+        return ClusterView(
+            self.name,
+            self.labels,
+            self.taints,
+            self.unschedulable,
+            self.ready,
+            self.not_ready_reason,
+            self.api_resources,
+            record,
+            self.placements,
+            self.name_hash,
+        )
+
 
 def _shape(requests: Mapping[str, int]) -> dict[str, int]:
     shape = dict(requests)
@@ -356,6 +372,7 @@ class Fleet:
         self._selected: dict[str, frozenset[str]] = {}
         self._fits: dict[RequestsKey, tuple[int, dict[str, int]]] = {}
         self._node_fits: dict[tuple[str, RequestsKey], tuple[object, int]] = {}
+        self._headroom: dict[str, tuple[CapacityRecord, Mapping[str, int]]] = {}
         self._sets: dict[str, tuple[int, dict[str, int]]] = {}
         self._placements: dict[tuple[str, int | None, PlacementState], ClusterPlacement] = {}
         self._policies: dict[int, tuple[api.PlacementPolicySpec, str]] = {}
@@ -414,7 +431,7 @@ class Fleet:
             else:
                 self.records[name] = record
             self._parts[name] = self._part(name, record)
-            view = dataclasses.replace(self.by_name[name], capacity=record)
+            view = self.by_name[name].with_capacity(record)
             views[self._position[name]] = self.by_name[name] = view
             self._changed_at[name] = self.epoch
         self.views = tuple(views)
@@ -431,14 +448,17 @@ class Fleet:
         self,
         key: Hashable,
         judge: Callable[[Sequence[ClusterView]], tuple[list[ClusterView], Rejections]],
+        *,
+        stands: Callable[[Verdict], bool] | None = None,
     ) -> tuple[list[ClusterView], Rejections]:
         """The memoised verdicts of `judge` over every cluster: (passing, rejections).
 
         `judge` must judge each cluster on its own (a cluster's verdict never
         depends on which other clusters are judged with it), so after a `patch`
-        only the patched clusters are judged again. Rejections are kept in a
-        canonical order (by unit, then cluster name) so that a patched fleet and a
-        fresh one list them alike.
+        only the patched clusters are judged again, and of those not the ones
+        whose rejection `stands` (it did not read capacity, the only thing a patch
+        changes). Rejections are kept in a canonical order (by unit, then cluster
+        name) so that a patched fleet and a fresh one list them alike.
         """
         entry = self._verdicts.get(key)
         if entry is None:
@@ -447,6 +467,13 @@ class Fleet:
             epoch, passing, rejections = entry
             stale = self._stale(epoch)
             if not stale:
+                return passing, rejections
+            if stands is not None:
+                stale = [
+                    v for v in stale if v.name not in rejections or not stands(rejections[v.name])
+                ]
+            if not stale:
+                _bounded(self._verdicts)[key] = (self.epoch, passing, rejections)
                 return passing, rejections
             _, rejected = judge(stale)
             names = {v.name for v in stale}
@@ -506,7 +533,11 @@ class Fleet:
     def _fit(self, view: ClusterView, key: RequestsKey, shape: Mapping[str, int]) -> int:
         record = view.capacity
         assert record is not None
-        cluster_level = _count(record.headroom, shape)
+        room = self._headroom.get(view.name)
+        if room is None or room[0] is not record:
+            # Once per record, not per shape: `headroom` builds a new dict every call.
+            room = self._headroom[view.name] = (record, record.headroom)
+        cluster_level = _count(room[1], shape)
         nodes = record.nodes
         if not nodes:
             return cluster_level

@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from flotilla.common import events, kube, quantity
-from flotilla.common.api import GROUP, VERSION
+from flotilla.common.api import GROUP, ORIGIN_LABEL, VERSION
 from flotilla.common.capacity import ClusterCapacity
 from flotilla.common.errors import FlotillaError
 from flotilla.common.events import CapacityChanged, ObjectRef
@@ -132,7 +132,7 @@ class ClusterAgent:
     async def _watch_once(self, api_version: str, kind: str) -> None:
         api = await self.syncer.members.client(self.cluster)
         resource = await rest.resource(api, api_version, kind)
-        query: list[tuple[str, Any]] = [("labelSelector", observation.ORIGIN_LABEL)]
+        query: list[tuple[str, Any]] = [("labelSelector", ORIGIN_LABEL)]
         listed = await rest.call(api, "GET", resource.path(), query=query)
         present: set[tuple[str, str, str, str]] = set()
         for item in listed.get("items") or []:

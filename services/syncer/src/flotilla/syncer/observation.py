@@ -21,16 +21,16 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from flotilla.common.api import (
+    DECISION_ANNOTATION,
+    HUB_GENERATION_ANNOTATION,
+    ORIGIN_ANNOTATION,
+    ORIGIN_LABEL,
+)
 from flotilla.common.events import MemberStatusObserved, ObjectRef
 
 JsonObject = dict[str, Any]
 
-ORIGIN_LABEL = "flotilla.io/origin"
-"""On every object Flotilla renders: a DNS-label-safe form of the hub key."""
-ORIGIN_ANNOTATION = "flotilla.io/origin"
-"""The hub key, exact."""
-DECISION_ANNOTATION = "flotilla.io/decision"
-HUB_GENERATION_ANNOTATION = "flotilla.io/hub-generation"
 
 _SERVER_METADATA = frozenset(
     {

@@ -63,7 +63,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict, Field
 
 from flotilla.common import events, kube
-from flotilla.common.api import GROUP, VERSION
+from flotilla.common.api import GROUP, ORIGIN_LABEL, VERSION
 from flotilla.common.bus import Bus
 from flotilla.common.capacity import CapacityCache
 from flotilla.common.config import Settings
@@ -422,10 +422,10 @@ def _check_manifest(work: WorkRendered) -> None:
             f"{work.ref.key}: the work for {work.cluster} has no apiVersion, kind or name",
             reason="InvalidWork",
         )
-    if observation.ORIGIN_LABEL not in observation.labels(manifest):
+    if ORIGIN_LABEL not in observation.labels(manifest):
         raise InvalidObject(
             f"{work.ref.key}: the work for {work.cluster} lacks the "
-            f"{observation.ORIGIN_LABEL} label; Flotilla applies only objects it marks as its own",
+            f"{ORIGIN_LABEL} label; Flotilla applies only objects it marks as its own",
             reason="InvalidWork",
         )
 

@@ -60,7 +60,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -281,6 +281,8 @@ class Transformer:
         self.objects = objects
         self.dependents = dependents
         self.reporter = reporter
+        self._dependency_locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        """Dependency key → its lock and how many updates hold or wait for it."""
 
     def router(self) -> Router:
         router = Router(SERVICE)
@@ -525,7 +527,33 @@ class Transformer:
                     )
                     outgoing.dependency_removals.append((dependency, cluster, revision))
 
+    @contextlib.asynccontextmanager
+    async def _one_update_at_a_time(self, key: str) -> AsyncIterator[None]:
+        """This replica's updates of one dependents record, one after the other.
+
+        Every object of a namespace needs its Namespace, so all their renders update
+        one record; run concurrently they lose the compare-and-set to each other and
+        read (parse) the growing record again for each retry. Serialising them here
+        leaves the compare-and-set to settle only races with other replicas."""
+        lock, users = self._dependency_locks.get(key, (asyncio.Lock(), 0))
+        self._dependency_locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._dependency_locks[key]
+            if users == 1:
+                del self._dependency_locks[key]
+            else:
+                self._dependency_locks[key] = (lock, users - 1)
+
     async def _dependents_update(
+        self, dependency: ObjectRef, dependent: ObjectRef, needed_on: set[str]
+    ) -> tuple[dict[str, list[ObjectRef]], int]:
+        async with self._one_update_at_a_time(dependency.key):
+            return await self._dependents_compare_and_set(dependency, dependent, needed_on)
+
+    async def _dependents_compare_and_set(
         self, dependency: ObjectRef, dependent: ObjectRef, needed_on: set[str]
     ) -> tuple[dict[str, list[ObjectRef]], int]:
         for _ in range(MAX_ATTEMPTS):

@@ -27,12 +27,12 @@ a split object's replicas (`flotilla.transformer.rendering.render`). Steps, in o
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from flotilla.common import api
 from flotilla.common.api import GroupVersionKind
 from flotilla.common.events import ObjectRef
 from flotilla.common.interpreters import Interpreter
@@ -41,9 +41,6 @@ from flotilla.transformer.transformations import NamedTransformation, RenderErro
 
 JsonObject = dict[str, Any]
 
-ORIGIN = "flotilla.io/origin"
-DECISION = "flotilla.io/decision"
-HUB_GENERATION = "flotilla.io/hub-generation"
 NAMESPACE_PREFIX_LABEL = "flotilla.io/namespace-prefix"
 SECURITY_DEFAULTS_LABEL = "flotilla.io/security-defaults"
 RESTRICTED = "restricted"
@@ -76,8 +73,7 @@ JOB_LABELS = (
 )
 """Labels the Job controller stamps on a Job and its pod template from its uid."""
 
-MAX_LABEL = 63
-_NOT_IN_LABEL = re.compile(r"[^a-z0-9]+")
+MAX_NAMESPACE = 63
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
@@ -200,33 +196,23 @@ def transform(manifest: JsonObject, work: Work) -> JsonObject:
     return transformations.apply_all(manifest, work.transformations, work.cluster)
 
 
-def origin_label(key: str) -> str:
-    """The hub key as a label value: DNS-label characters, at most 63 of them
-    (a long key keeps its start and gets a digest of the whole key)."""
-    safe = _NOT_IN_LABEL.sub("-", key.lower()).strip("-")
-    if len(safe) <= MAX_LABEL:
-        return safe or "object"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return f"{safe[: MAX_LABEL - len(digest) - 1].strip('-')}-{digest}"
-
-
 @PIPELINE.register("origin")
 def origin(manifest: JsonObject, work: Work) -> JsonObject:
     metadata = _map(manifest, "metadata")
-    _map(metadata, "labels")[ORIGIN] = origin_label(work.ref.key)
+    _map(metadata, "labels")[api.ORIGIN_LABEL] = api.origin_label(work.ref.key)
     annotations = _map(metadata, "annotations")
-    annotations[ORIGIN] = work.ref.key
-    annotations[DECISION] = work.decision_id
+    annotations[api.ORIGIN_ANNOTATION] = work.ref.key
+    annotations[api.DECISION_ANNOTATION] = work.decision_id
     if work.hub_generation is not None:
-        annotations[HUB_GENERATION] = str(work.hub_generation)
+        annotations[api.HUB_GENERATION_ANNOTATION] = str(work.hub_generation)
     else:
-        annotations.pop(HUB_GENERATION, None)
+        annotations.pop(api.HUB_GENERATION_ANNOTATION, None)
     return manifest
 
 
 def _prefixed(prefix: str, namespace: str, cluster: str) -> str:
     mapped = prefix + namespace
-    if len(mapped) > MAX_LABEL or not _NAMESPACE.fullmatch(mapped):
+    if len(mapped) > MAX_NAMESPACE or not _NAMESPACE.fullmatch(mapped):
         raise RenderError(
             "NamespaceMapping",
             f"cluster {cluster}: {NAMESPACE_PREFIX_LABEL}={prefix!r} maps namespace "

@@ -23,6 +23,7 @@ from typing import Any
 
 from flotilla.kubesim.errors import ApiError
 from flotilla.kubesim.resources import ResourceType
+from flotilla.kubesim.schema import clone
 from flotilla.kubesim.sim import pods, scheduling
 from flotilla.kubesim.sim.scheduling import NodeInfo, PodSchedulingSpec
 from flotilla.kubesim.sim.state import ClusterState, Key, PodRecord
@@ -56,7 +57,8 @@ class Context:
     requeue: Callable[[str, Key, float], None] = lambda kind, key, delay: None
 
     def create_pod(self, pod: dict[str, Any]) -> None:
-        self.store.create(self.types["Pod"], pod)
+        # The store keeps a copy of its own; the stored pod is not needed back.
+        self.store.create(self.types["Pod"], clone(pod), owned=True)
 
     def delete_pod(self, record: PodRecord) -> None:
         try:
@@ -143,7 +145,12 @@ def _seconds_since(stamp: str | None) -> float:
 def write_status(
     store: Store, rt: ResourceType, obj: dict[str, Any], status: dict[str, Any]
 ) -> None:
-    """Write `status` unless it is what the object already has."""
+    """Write `status` unless it is what the object already has.
+
+    `status` is handed to the store (`owned`): callers build it afresh for each write
+    (its parts may be shared with stored objects, which nobody mutates) and never
+    touch it again.
+    """
     if obj.get("status") == status:
         return
     meta = obj["metadata"]
@@ -158,6 +165,7 @@ def write_status(
             "status": status,
         },
         subresource="status",
+        owned=True,
     )
 
 

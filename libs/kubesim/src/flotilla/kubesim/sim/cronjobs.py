@@ -20,8 +20,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter  # type: ignore[import-untyped]
-
 from flotilla.kubesim.errors import ApiError
 from flotilla.kubesim.sim import pods
 from flotilla.kubesim.sim.controllers import Context, write_status
@@ -87,6 +85,10 @@ def schedule_times(
     spec: dict[str, Any], after: datetime, now: datetime
 ) -> tuple[datetime | None, int, datetime]:
     """(latest schedule time in (after, now], how many were missed, the next one after now)."""
+    # Imported on first use: croniter and dateutil cost a server that runs no CronJob
+    # ~0.6 MiB and ~0.1 s at start.
+    from croniter import croniter  # type: ignore[import-untyped]
+
     schedule = str(spec.get("schedule") or "").strip()
     if not (schedule in _MACROS or len(schedule.split()) == 5) or not croniter.is_valid(schedule):
         raise ScheduleError("InvalidSchedule", f"invalid schedule: {schedule!r}")

@@ -109,6 +109,9 @@ _EVENT_KEYS = (
 )
 
 
+_EVENT_KEY_SET = frozenset(_EVENT_KEYS)
+
+
 def event_dict(**fields: Any) -> dict[str, Any]:
     """A dict of `fields` (keyed as `_EVENT_KEYS`, in that order) sharing its keys."""
     holder = _Fields()
@@ -250,11 +253,19 @@ class Recorder:
         where = self._latest.get(key)
         if where is not None:
             try:
-                event = self.store.get(self.rt, *where)
-                event["count"] = int(event.get("count") or 1) + 1
-                event["lastTimestamp"] = now
-                event["message"] = message
-                self.store.update(self.rt, event)
+                # A series, as client-go keeps it: the stored Event with count+1. Built
+                # from the stored one (read-only, so no copy of it) and handed over.
+                stored = self.store.get_frozen(self.rt, *where)
+                bumped = {
+                    **stored,
+                    "metadata": dict(stored["metadata"]),
+                    "count": int(stored.get("count") or 1) + 1,
+                    "lastTimestamp": now,
+                    "message": message,
+                }
+                if bumped.keys() == _EVENT_KEY_SET:  # not reshaped by a client since
+                    bumped = event_dict(**bumped)
+                self.store.update(self.rt, bumped, owned=True)
                 self._latest.touch(key, where)
                 return
             except ApiError as exc:

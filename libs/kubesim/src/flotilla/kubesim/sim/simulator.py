@@ -43,7 +43,7 @@ from flotilla.kubesim.sim.state import (
     key_of,
     pod_is_ready,
 )
-from flotilla.kubesim.store import Store, StoreEvent, now_rfc3339
+from flotilla.kubesim.store import Store, StoreEvent, WatchRecord, now_rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,6 @@ class Simulator:
         """Register listeners, load existing objects, create nodes, start the loops."""
         listeners: dict[str, Callable[[StoreEvent], None]] = {
             "Node": self._on_node,
-            "Pod": self._on_pod,
             **{kind: self._workload_listener(kind) for kind in self.controllers},
         }
         for kind, listener in listeners.items():
@@ -158,6 +157,13 @@ class Simulator:
             items, rv = self.store.list(self.types[kind])
             for item in items:
                 listener(StoreEvent("ADDED", item, rv))
+        # Pods are only read (into a PodRecord), never kept whole: the stored objects
+        # themselves, not a copy of each of the four writes of every pod.
+        pod_rt = self.types["Pod"]
+        self._unsubscribe.append(self.store.add_record_listener(pod_rt, self._on_pod))
+        items, rv = self.store.list_frozen(pod_rt)
+        for item in items:
+            self._on_pod(StoreEvent("ADDED", item, rv))
         observers = (
             ("Pod", self.recorder.observe_pod),
             ("ReplicaSet", self.recorder.observe_replicaset),
@@ -314,7 +320,9 @@ class Simulator:
         for key in self.state.unschedulable:
             self.scheduler_queue.add(key)
 
-    def _on_pod(self, event: StoreEvent) -> None:
+    def _on_pod(self, event: StoreEvent | WatchRecord) -> None:
+        """Read-only: `event.object` is the stored pod (never mutate it or keep parts
+        of it that are not shared read-only data)."""
         obj = event.object
         meta = obj["metadata"]
         key = (meta.get("namespace", ""), meta["name"])
@@ -446,7 +454,7 @@ class Simulator:
         if record.scheduling.gated:
             # Upstream keeps gated pods out of the scheduling queue until the gates go.
             if record.unschedulable_message != _GATED:
-                pod = self.store.get(pod_rt, *key)
+                pod = self.store.get_frozen(pod_rt, *key)
                 status = pods.gated_status(pod.get("spec") or {})
                 controllers.write_status(self.store, pod_rt, pod, status)
                 record.unschedulable_message = _GATED
@@ -456,7 +464,7 @@ class Simulator:
             self.state.unschedulable.add(key)
             message = scheduling.unschedulable_message(len(self.state.nodes), decision.reasons)
             if record.unschedulable_message != message:
-                pod = self.store.get(pod_rt, *key)
+                pod = self.store.get_frozen(pod_rt, *key)
                 controllers.write_status(
                     self.store,
                     pod_rt,
@@ -465,16 +473,22 @@ class Simulator:
                 )
                 record.unschedulable_message = message
             return
-        pod = self.store.get(pod_rt, *key)
+        pod = self.store.get_frozen(pod_rt, *key)
         if (pod.get("spec") or {}).get("nodeName"):
             return
         self.state.unschedulable.discard(key)
         record.unschedulable_message = None
         # Reserve before writing so the listener sees the pod already charged to the node.
         self.state.account(record, decision.node)
-        pod["spec"]["nodeName"] = decision.node
+        # The stored pod is read-only: a fresh top level, metadata and spec carry the
+        # binding; everything below them is shared with it, unchanged.
+        binding = {
+            **pod,
+            "metadata": dict(pod["metadata"]),
+            "spec": {**pod["spec"], "nodeName": decision.node},
+        }
         try:
-            bound = self.store.update(pod_rt, pod)
+            bound = self.store.update(pod_rt, binding, owned=True)
         except ApiError:
             self.state.release(record)
             raise
@@ -520,7 +534,7 @@ class Simulator:
             return  # that kubelet is down; `set_nodes_ready` re-arms its pods
         pod_rt = self.types["Pod"]
         if action == "start" and record.phase == "Pending":
-            pod = self.store.get(pod_rt, namespace, name)
+            pod = self.store.get_frozen(pod_rt, namespace, name)
             self._pod_ips += 1
             n = self._pod_ips
             pod_ip = f"10.{64 + (n >> 16) % 64}.{(n >> 8) & 255}.{n & 255}"
@@ -530,7 +544,7 @@ class Simulator:
             )
             controllers.write_status(self.store, pod_rt, pod, status)
         elif action == "finish" and record.phase == "Running":
-            pod = self.store.get(pod_rt, namespace, name)
+            pod = self.store.get_frozen(pod_rt, namespace, name)
             controllers.write_status(
                 self.store, pod_rt, pod, pods.succeeded_status(pod.get("status") or {})
             )
@@ -670,7 +684,7 @@ class Simulator:
                     if record is not None and record.active and ready:
                         self._kubelet_next(record)
                     continue
-                pod = self.store.get(pod_rt, *key)
+                pod = self.store.get_frozen(pod_rt, *key)
                 status = pods.with_readiness(pod.get("status") or {}, ready)
                 controllers.write_status(self.store, pod_rt, pod, status)
                 if ready:
