@@ -245,15 +245,15 @@ async def test_a_shared_dependency_stays_until_its_last_dependent_leaves(harness
     for obj in (web, api):
         await harness.analyze(obj, CONFIG_REF)
         await harness.decide(obj, {"a": 3})
-    assert (await harness.present())[(CONFIG_REF.key, "a")].dependency_of == [
-        ObjectRef.of(api),
-        ObjectRef.of(web),
-    ]
+    # Published when its first dependent arrived; the second one changes nothing there.
+    assert (await harness.present())[(CONFIG_REF.key, "a")].dependency_of == [WEB]
 
     await harness.analyze(web, CONFIG_REF, deleted=True)
     present = await harness.present()
     assert (WEB.key, "a") not in present
-    assert present[(CONFIG_REF.key, "a")].dependency_of == [ObjectRef.of(api)]
+    assert (CONFIG_REF.key, "a") in present
+    entry = await harness.dependents.get(CONFIG_REF.key)
+    assert entry is not None and entry.value.clusters == {"a": [ObjectRef.of(api)]}
 
     await harness.decide(api, {}, decision="d-2", deleted=True)
     assert await harness.present() == {}
@@ -423,6 +423,37 @@ async def test_renders_sharing_a_dependency_at_once_update_its_dependents_in_tur
     assert entry.value.clusters == {"a": sorted(map(ObjectRef.of, objs), key=lambda r: r.key)}
     assert bucket.conflicts == 0
     assert harness.transformer._dependency_locks == {}, "no lock outlives its updates"
+    # The renders that updated the record before the first one's publish was
+    # recorded wait for that publish rather than sending the same work again.
+    assert [w.ref for w in await harness.works() if w.ref.kind == "ConfigMap"] == [CONFIG_REF]
+    assert harness.transformer._publishing == {}
+
+
+async def test_a_render_waiting_on_another_ones_dependency_work_sends_it_if_that_failed() -> None:
+    harness = Harness()
+    harness.hub.add(CONFIG)
+    harness.transformer.dependents = harness.dependents = Store(RoundTripBucket(), DependentsRecord)
+    web, api = deployment("web", 3), deployment("api", 3)
+    for obj in (web, api):
+        await harness.analyze(obj, CONFIG_REF)
+    publish = harness.bus.publish_batch
+    calls: list[list[str]] = []
+
+    async def first_fails(batch: Any) -> None:
+        calls.append([envelope.payload.ref.kind for envelope in batch])
+        if len(calls) == 1:
+            await asyncio.sleep(0.05)  # the other render updates the record meanwhile
+            raise ConnectionError("bus down")
+        await publish(batch)
+
+    harness.bus.publish_batch = first_fails  # type: ignore[method-assign]
+    results = await asyncio.gather(
+        harness.decide(web, {"a": 3}), harness.decide(api, {"a": 3}), return_exceptions=True
+    )
+    assert isinstance(results[0], ConnectionError) and results[1] is None
+    assert calls == [["ConfigMap", "Deployment"], ["Deployment"], ["ConfigMap"]]
+    assert (CONFIG_REF.key, "a") in await harness.present()
+    assert harness.transformer._publishing == {}
 
 
 async def test_a_dependency_removed_while_another_object_takes_it_is_published_again(
@@ -436,8 +467,8 @@ async def test_a_dependency_removed_while_another_object_takes_it_is_published_a
     original = harness.transformer._dependents_update
     api = ObjectRef.of(deployment("api"))
 
-    async def racing(dependency: ObjectRef, dependent: ObjectRef, needed_on: set[str]) -> Any:
-        result = await original(dependency, dependent, needed_on)
+    async def racing(dependency: ObjectRef, dependent: ObjectRef, *rest: Any) -> Any:
+        result = await original(dependency, dependent, *rest)
         entry = await harness.dependents.get(dependency.key)
         await harness.dependents.write(
             dependency.key,
@@ -519,3 +550,74 @@ async def test_the_objects_namespace_goes_first_and_leaves_with_its_last_object(
     assert (await harness.present())[(namespace.key, "a")].dependency_of == [WEB]
     await harness.decide(obj, {}, decision="d-2", deleted=True)
     assert await harness.present() == {}
+
+
+async def test_a_namespace_of_many_objects_is_published_once_per_change(harness: Harness) -> None:
+    """Each further object of a namespace changes nothing about its Namespace on a
+    cluster: its work goes out when the first one arrives and again only when
+    what it renders to changes; it names a few dependents, however many there are."""
+    namespace = manifest("v1", "Namespace", name=NS, namespace=None)
+    harness.hub.add(namespace)
+    ns_ref = ObjectRef.of(namespace)
+    objs = [deployment(f"web-{i:02}", 3) for i in range(30)]
+
+    async def namespace_works() -> list[WorkRendered]:
+        return [w for w in await harness.works() if w.ref.key == ns_ref.key]
+
+    for obj in objs:
+        await harness.analyze(obj)
+        await harness.decide(obj, {"a": 3})
+    works = await namespace_works()
+    assert len(works) == 1
+    assert works[0].manifest is not None and works[0].dependency_of == [ObjectRef.of(objs[0])]
+    entry = await harness.dependents.get(ns_ref.key)
+    assert entry is not None and len(entry.value.clusters["a"]) == 30
+
+    # Rendering an object again (a new decision) publishes nothing new for it either.
+    await harness.decide(objs[5], {"a": 3}, decision="d-2")
+    assert len(await namespace_works()) == 1
+
+    # The Namespace changed on the hub (no policy selects it, so no analysis of its
+    # own says so): the next render of any of its objects carries the change, once.
+    labelled = copy.deepcopy(namespace)
+    labelled["metadata"]["labels"] = {"team": "shop"}
+    harness.hub.add(labelled)
+    await harness.decide(objs[7], {"a": 3}, decision="d-2")
+    await harness.decide(objs[8], {"a": 3}, decision="d-2")
+    works = await namespace_works()
+    assert len(works) == 2
+    assert works[-1].manifest is not None
+    assert works[-1].manifest["metadata"]["labels"]["team"] == "shop"
+    shown = sorted(map(ObjectRef.of, objs), key=lambda r: r.key)[: service.DEPENDENCY_OF_SHOWN]
+    assert works[-1].dependency_of == shown
+
+    for obj in objs[:-1]:
+        await harness.analyze(obj, deleted=True)
+    present = await harness.present()
+    assert (ns_ref.key, "a") in present and len(await namespace_works()) == 2
+    await harness.analyze(objs[-1], deleted=True)
+    assert await harness.present() == {}
+    assert (await namespace_works())[-1].manifest is None
+    assert await harness.dependents.get(ns_ref.key) is None
+
+
+async def test_a_dependency_whose_publish_failed_is_published_when_the_event_comes_again(
+    harness: Harness,
+) -> None:
+    """The dependents record is written before the publish; the digest of what was
+    published only after it, so a failed publish does not count as published."""
+    obj = deployment()
+    await harness.analyze(obj, CONFIG_REF)
+    publish = harness.bus.publish_batch
+
+    async def failing(batch: Any) -> None:
+        raise ConnectionError("bus down")
+
+    harness.bus.publish_batch = failing  # type: ignore[method-assign]
+    with pytest.raises(ConnectionError):
+        await harness.decide(obj, {"a": 3})
+    entry = await harness.dependents.get(CONFIG_REF.key)
+    assert entry is not None and entry.value.clusters == {"a": [WEB]}
+    harness.bus.publish_batch = publish  # type: ignore[method-assign]
+    await harness.decide(obj, {"a": 3})
+    assert sorted(await harness.present()) == sorted([(CONFIG_REF.key, "a"), (WEB.key, "a")])

@@ -244,8 +244,10 @@ class WorkRendered(Payload):
     state: WorkState = WorkState.ACTIVE
     dependency_of: list[ObjectRef] = Field(
         default_factory=list,
-        description="for an as-needed dependency: the placed objects on this cluster "
-        "that need it (empty for a user object's own work)",
+        description="for an as-needed dependency: non-empty while some placed object "
+        "needs it on this cluster; names the dependents known when the work was rendered, "
+        "at most a few (the first 8 by key), so the event stays small whatever the fan-in "
+        "(empty for a user object's own work and for a removal)",
     )
 
 

@@ -9,8 +9,10 @@
 * `DependentsRecord` (bucket ``transformer-dependents``, one per ``as-needed``
   dependency): which placed objects need it on which cluster. Several objects
   share a dependency and may be handled by different replicas at once, so it is
-  written by compare-and-set; the dependency's work on a cluster is removed when
-  its last dependent there lets go.
+  written by compare-and-set; the dependency's work on a cluster is published
+  when its content there changes (its first dependent there arrives, or what it
+  renders to differs from what was last published) and removed when its last
+  dependent there lets go.
 """
 
 from __future__ import annotations
@@ -44,3 +46,7 @@ class DependentsRecord(_Record):
     ref: ObjectRef
     clusters: dict[str, list[ObjectRef]] = Field(default_factory=dict)
     """Cluster → the placed objects that need the dependency there."""
+    published: dict[str, str] = Field(default_factory=dict)
+    """Cluster → the digest of the dependency's content last published there (its
+    manifest without the decision annotation), for clusters in `clusters` only;
+    recorded after the publish, so a crash before it publishes again."""

@@ -28,13 +28,19 @@ One reconciliation (`Transformer.reconcile`):
    object leaves it;
 4. move this object in and out of each dependency's `DependentsRecord` by
    compare-and-set, which says who needs it where;
-5. publish, in one batch, dependencies first (Namespace first), then the object's
-   own works, then removals (``manifest: None``): the object's own on clusters that
-   left the decision, and each dependency's on clusters where nobody needs it now;
+5. publish, in one batch, dependencies first (Namespace first) on the clusters
+   where their content is not what was last published there (the first dependent
+   arrives, or the dependency renders differently now: a further dependent alone
+   publishes nothing, so a namespace of n objects is not n Namespace works), then
+   the object's own works, then removals (``manifest: None``): the object's own on
+   clusters that left the decision, and each dependency's on clusters where
+   nobody needs it now; then record in the dependents records what was published;
 6. write the record (compare-and-set; a lost race reconciles again).
 
 Publishing before recording keeps a crash harmless: the redelivered event renders
-the same works again (deterministic event ids, deduplicated by JetStream).
+the same works again (deterministic event ids, deduplicated by JetStream); a
+dependency's digest is recorded only after its work is published, so a crash in
+between publishes it again rather than never.
 A dependency removal races a dependent arriving on the same cluster through
 another object (another key, maybe another replica): after publishing a removal,
 the dependents record is read again and, if someone needs the dependency there
@@ -61,7 +67,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -104,6 +110,9 @@ MAX_ATTEMPTS = 8
 """Reconciliations of one event after lost compare-and-sets before it is retried later."""
 DEPENDENTS_MEMO = 256
 """Dependents records kept parsed (`flotilla.common.store.Store` memo)."""
+DEPENDENCY_OF_SHOWN = 8
+"""Dependents a dependency's work names at most (the first by key): enough to see
+why it is there, and a work event stays small whatever the fan-in."""
 TRANSFORMATION_KINDS = frozenset(
     {transformations.TRANSFORMATION, transformations.CLUSTER_TRANSFORMATION}
 )
@@ -259,9 +268,41 @@ class _Outgoing:
     removals: list[Envelope]
     dependency_removals: list[tuple[ObjectRef, str, int]]
     """(dependency, cluster, dependents revision) of each dependency removal."""
+    published: list[tuple[ObjectRef, str, str]] = field(default_factory=list)
+    """(dependency, cluster, content digest) of each dependency work published."""
+    owned: list[tuple[str, str, str]] = field(default_factory=list)
+    """(dependency key, cluster, digest) of the dependency works this reconciliation
+    publishes for every render of this replica that needs the same at once."""
+    waiting: list[tuple[asyncio.Future[bool], Envelope, tuple[ObjectRef, str, str]]] = field(
+        default_factory=list
+    )
+    """Dependency works another render of this replica is publishing: its outcome,
+    and the work to publish if that failed."""
 
     def batch(self) -> list[Envelope]:
         return [*self.dependencies, *self.own, *self.removals]
+
+
+@dataclass(frozen=True)
+class _DependentsChange:
+    """One dependency's dependents before and after an update, and where its work
+    must be published because its content there is not what was last published."""
+
+    before: Mapping[str, Sequence[ObjectRef]]
+    after: Mapping[str, Sequence[ObjectRef]]
+    revision: int
+    publish: frozenset[str]
+
+
+def content_digest(manifest: Mapping[str, Any]) -> str:
+    """A dependency manifest's digest without the decision annotation: the render
+    of whichever dependent sent it names its decision, which is no change of
+    content."""
+    metadata = dict(manifest.get("metadata") or {})
+    annotations = dict(metadata.get("annotations") or {})
+    annotations.pop(api.DECISION_ANNOTATION, None)
+    metadata["annotations"] = annotations
+    return rendering.digest({**manifest, "metadata": metadata})
 
 
 class Transformer:
@@ -283,6 +324,9 @@ class Transformer:
         self.reporter = reporter
         self._dependency_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         """Dependency key → its lock and how many updates hold or wait for it."""
+        self._publishing: dict[tuple[str, str, str], asyncio.Future[bool]] = {}
+        """(dependency key, cluster, digest) → whether the render publishing that
+        dependency work published it (unresolved while it is in flight)."""
 
     def router(self) -> Router:
         router = Router(SERVICE)
@@ -425,17 +469,28 @@ class Transformer:
                 self._work(work, decision.decision_id, analyzed.object, record.analyzed_revision)
                 for work in rendered
             ]
-        await self._move_dependents(record, wanted, dependency_objects, outgoing)
         decision_id = record.decision.decision_id if record.decision else ""
-        for cluster in sorted(set(record.works) - set(wanted)):
-            outgoing.removals.append(
-                self._removal(
-                    record.ref, cluster, decision_id, record.uid, (record.analyzed_revision,)
+        try:
+            await self._move_dependents(record, wanted, dependency_objects, outgoing)
+            for cluster in sorted(set(record.works) - set(wanted)):
+                outgoing.removals.append(
+                    self._removal(
+                        record.ref, cluster, decision_id, record.uid, (record.analyzed_revision,)
+                    )
                 )
-            )
-        batch = outgoing.batch()
-        if batch:
-            await self.bus.publish_batch(batch)
+            batch = outgoing.batch()
+            if batch:
+                await self.bus.publish_batch(batch)
+        except BaseException:
+            self._dependents_settle(outgoing, published=False)
+            raise
+        try:
+            # Settled once recorded: a render whose update came before the record
+            # waits for this one rather than sending the same again.
+            await self._dependents_published(outgoing.published)
+        finally:
+            self._dependents_settle(outgoing, published=True)
+        await self._dependents_wait(outgoing.waiting)
         await self._recheck(outgoing.dependency_removals, dependency_objects, decision_id)
         final = record.model_copy(update={"works": wanted})
         if not wanted and record.analyzed is None and record.decision is None:
@@ -493,39 +548,68 @@ class Transformer:
         objects: Mapping[str, JsonObject],
         outgoing: _Outgoing,
     ) -> None:
-        """Update every dependency this object needs or needed; render what is needed."""
+        """Update every dependency this object needs or needed; publish its work only
+        where this render changes something: where its content differs from what was
+        last published there (its first dependent there arrives, or it changed on the
+        hub or in how it renders), and its removal where its last dependent left.
+
+        Each further dependent on a cluster publishes nothing: a namespace of n
+        objects is one Namespace work per cluster, not n ever larger ones."""
         held: dict[str, ObjectRef] = {}
         for refs in (*record.works.values(), *wanted.values()):
             held.update((ref.key, ref) for ref in refs)
         decision_id = record.decision.decision_id if record.decision else ""
+        clusters = await self.hub.clusters() if held else {}
         for dep_key in sorted(held, key=lambda k: rendering.install_rank(held[k])):
             dependency = held[dep_key]
             needed_on = {c for c, refs in wanted.items() if any(r.key == dep_key for r in refs)}
             before = {c for c, refs in record.works.items() if any(r.key == dep_key for r in refs)}
-            after, revision = await self._dependents_update(dependency, record.ref, needed_on)
-            # Where others still need it, its work names who needs it now.
-            still = {c for c in before - needed_on if c in after}
             obj = objects.get(dep_key)
-            if obj is None and still:
-                obj = await self.hub.get(dependency)
+            manifests: dict[str, JsonObject] = {}
             if obj is not None:
-                clusters = await self.hub.clusters()
-                for cluster in sorted(needed_on | still):
+                for cluster in sorted(needed_on):
+                    manifest = self._render_dependency(
+                        obj, rendering.facts(clusters, cluster), decision_id
+                    )
+                    if manifest is not None:
+                        manifests[cluster] = manifest
+            change = await self._dependents_update(
+                dependency,
+                record.ref,
+                needed_on,
+                {cluster: content_digest(m) for cluster, m in manifests.items()},
+            )
+            if obj is not None:
+                for cluster in sorted(change.publish):
+                    digest = content_digest(manifests[cluster])
                     work = self._dependency_work(
                         obj,
                         rendering.facts(clusters, cluster),
                         decision_id,
-                        after[cluster],
-                        revision,
+                        change.after[cluster],
+                        change.revision,
+                        manifest=manifests[cluster],
                     )
-                    if work is not None:
-                        outgoing.dependencies.append(work)
+                    if work is None:
+                        continue
+                    in_flight = (dep_key, cluster, digest)
+                    other = self._publishing.get(in_flight)
+                    if other is not None:
+                        # Another render of this replica is sending the same: one is enough.
+                        outgoing.waiting.append((other, work, (dependency, cluster, digest)))
+                        continue
+                    self._publishing[in_flight] = asyncio.get_running_loop().create_future()
+                    outgoing.owned.append(in_flight)
+                    outgoing.dependencies.append(work)
+                    outgoing.published.append((dependency, cluster, digest))
             for cluster in sorted(before - needed_on):
-                if cluster not in after:
+                if cluster not in change.after:
                     outgoing.removals.append(
-                        self._removal(dependency, cluster, decision_id, "", dedupe=(revision,))
+                        self._removal(
+                            dependency, cluster, decision_id, "", dedupe=(change.revision,)
+                        )
                     )
-                    outgoing.dependency_removals.append((dependency, cluster, revision))
+                    outgoing.dependency_removals.append((dependency, cluster, change.revision))
 
     @contextlib.asynccontextmanager
     async def _one_update_at_a_time(self, key: str) -> AsyncIterator[None]:
@@ -548,34 +632,109 @@ class Transformer:
                 self._dependency_locks[key] = (lock, users - 1)
 
     async def _dependents_update(
-        self, dependency: ObjectRef, dependent: ObjectRef, needed_on: set[str]
-    ) -> tuple[dict[str, list[ObjectRef]], int]:
+        self,
+        dependency: ObjectRef,
+        dependent: ObjectRef,
+        needed_on: set[str],
+        digests: Mapping[str, str],
+    ) -> _DependentsChange:
         async with self._one_update_at_a_time(dependency.key):
-            return await self._dependents_compare_and_set(dependency, dependent, needed_on)
+            return await self._dependents_compare_and_set(dependency, dependent, needed_on, digests)
 
     async def _dependents_compare_and_set(
-        self, dependency: ObjectRef, dependent: ObjectRef, needed_on: set[str]
-    ) -> tuple[dict[str, list[ObjectRef]], int]:
+        self,
+        dependency: ObjectRef,
+        dependent: ObjectRef,
+        needed_on: set[str],
+        digests: Mapping[str, str],
+    ) -> _DependentsChange:
+        """`dependent` needs `dependency` exactly on `needed_on` from now on.
+
+        `digests` are the dependency's content digests this render has for (some
+        of) `needed_on`; the change says where they differ from what was last
+        published (never published there counts as differing): there the work
+        goes out. The digests are recorded only once published
+        (`_dependents_published`)."""
         for _ in range(MAX_ATTEMPTS):
             entry = await self.dependents.get(dependency.key)
             current = entry.value.clusters if entry else {}
+            published = entry.value.published if entry else {}
             after = rendering.dependents_after(current, dependent, needed_on)
+            publish = frozenset(
+                cluster
+                for cluster, digest in digests.items()
+                if cluster in needed_on and published.get(cluster) != digest
+            )
+            kept = {c: d for c, d in published.items() if c in after}
             if after == current and entry is not None:
-                return after, entry.revision
+                return _DependentsChange(current, after, entry.revision, publish)
             try:
                 if not after:
                     if entry is None:
-                        return after, 0
+                        return _DependentsChange(current, after, 0, publish)
                     revision = await self.dependents.delete(dependency.key, entry.revision)
                 else:
                     revision = await self.dependents.write(
                         dependency.key,
-                        DependentsRecord(ref=dependency, clusters=after),
+                        DependentsRecord(ref=dependency, clusters=after, published=kept),
                         entry.revision if entry else 0,
                     )
             except Conflict:
                 continue
-            return after, revision
+            return _DependentsChange(current, after, revision, publish)
+        raise Conflict(f"{dependency.key}: its dependents kept changing")
+
+    def _dependents_settle(self, outgoing: _Outgoing, *, published: bool) -> None:
+        """Tell the renders waiting on this one's dependency works how it went."""
+        for in_flight in outgoing.owned:
+            future = self._publishing.pop(in_flight, None)
+            if future is not None and not future.done():
+                future.set_result(published)
+        outgoing.owned.clear()
+
+    async def _dependents_wait(
+        self,
+        waiting: Sequence[tuple[asyncio.Future[bool], Envelope, tuple[ObjectRef, str, str]]],
+    ) -> None:
+        """Publish the dependency works another render of this replica was to send
+        and did not (its publish failed; its event is retried, but this render's
+        object must not wait for that)."""
+        failed = [(work, done) for future, work, done in waiting if not await future]
+        if failed:
+            await self.bus.publish_batch([work for work, _ in failed])
+            await self._dependents_published([done for _, done in failed])
+
+    async def _dependents_published(self, published: Sequence[tuple[ObjectRef, str, str]]) -> None:
+        """Record the digests of the dependency works just published (on clusters
+        that still need them), so the next dependent there publishes nothing."""
+        by_dependency: dict[str, tuple[ObjectRef, dict[str, str]]] = {}
+        for dependency, cluster, digest in published:
+            by_dependency.setdefault(dependency.key, (dependency, {}))[1][cluster] = digest
+        for key, (dependency, digests) in sorted(by_dependency.items()):
+            async with self._one_update_at_a_time(key):
+                await self._dependents_record_published(dependency, digests)
+
+    async def _dependents_record_published(
+        self, dependency: ObjectRef, digests: Mapping[str, str]
+    ) -> None:
+        for _ in range(MAX_ATTEMPTS):
+            entry = await self.dependents.get(dependency.key)
+            if entry is None:
+                return
+            record = entry.value
+            published = dict(record.published)
+            published.update((c, d) for c, d in digests.items() if c in record.clusters)
+            if published == record.published:
+                return
+            try:
+                await self.dependents.write(
+                    dependency.key,
+                    record.model_copy(update={"published": published}),
+                    entry.revision,
+                )
+            except Conflict:
+                continue
+            return
         raise Conflict(f"{dependency.key}: its dependents kept changing")
 
     async def _recheck(
@@ -631,6 +790,15 @@ class Transformer:
             dedupe=(decision_id, work.state.value, work.digest),
         )
 
+    def _render_dependency(
+        self, obj: JsonObject, cluster: ClusterFacts, decision_id: str
+    ) -> JsonObject | None:
+        try:
+            return rendering.render_dependency(obj, cluster, decision_id)
+        except transformations.RenderError as exc:
+            log.warning("dependency %s not rendered: %s", ObjectRef.of(obj).key, exc)
+            return None
+
     def _dependency_work(
         self,
         obj: JsonObject,
@@ -639,20 +807,23 @@ class Transformer:
         dependents: Sequence[ObjectRef],
         revision: int,
         dedupe: tuple[object, ...] = (),
+        manifest: JsonObject | None = None,
     ) -> Envelope | None:
-        try:
-            manifest = rendering.render_dependency(obj, cluster, decision_id)
-        except transformations.RenderError as exc:
-            log.warning("dependency %s not rendered: %s", ObjectRef.of(obj).key, exc)
-            return None
+        """A dependency's work on one cluster (`manifest` if already rendered); its
+        `dependency_of` names at most `DEPENDENCY_OF_SHOWN` of `dependents`."""
+        if manifest is None:
+            manifest = self._render_dependency(obj, cluster, decision_id)
+            if manifest is None:
+                return None
         ref = ObjectRef.of(obj)
+        shown = sorted(dependents, key=lambda d: d.key)[:DEPENDENCY_OF_SHOWN]
         return events.envelope(
             WorkRendered(
                 ref=ref,
                 cluster=cluster.name,
                 decision_id=decision_id,
                 manifest=manifest,
-                dependency_of=list(dependents),
+                dependency_of=shown,
             ),
             key=events.work_key(ref, cluster.name),
             producer=self.bus.producer,
@@ -661,7 +832,7 @@ class Transformer:
             dedupe=(
                 rendering.digest(manifest),
                 revision,
-                *(d.key for d in dependents),
+                *(d.key for d in shown),
                 *dedupe,
             ),
         )
