@@ -231,6 +231,37 @@ async def test_a_watch_hands_back_the_stores_own_writes_unparsed(
     assert not things._written, "nothing is kept while nobody watches"
 
 
+async def test_a_memo_hands_back_unchanged_records_unparsed(
+    things: store.Store[Thing],
+) -> None:
+    """With a memo, a record read or written last comes back as the same object while
+    its bytes are unchanged; another writer's change is parsed; the oldest key leaves."""
+    memo = store.Store(things.bucket, Thing, memo=1)
+    mine = Thing(name="mine")
+    revision = await memo.create("a", mine)
+    first = await memo.get("a")
+    assert first == store.Entry(mine, revision) and first.value is mine
+    again = await memo.get("a")
+    assert again is not None and again.value is mine
+    changed = await things.update("a", Thing(name="theirs"), revision)
+    read = await memo.get("a")
+    assert read == store.Entry(Thing(name="theirs"), changed)
+    reread = await memo.get("a")
+    assert reread is not None and reread.value is read.value
+    await memo.create("b", Thing(name="b"))  # the memo holds one key: "a" leaves
+    parsed = await memo.get("a")
+    assert parsed is not None and parsed.value == read.value and parsed.value is not read.value
+    await memo.delete("a", parsed.revision)
+    assert await memo.get("a") is None
+
+
+async def test_without_a_memo_every_get_parses(things: store.Store[Thing]) -> None:
+    await things.create("a", Thing(name="a"))
+    first, second = await things.get("a"), await things.get("a")
+    assert first is not None and second is not None
+    assert first.value == second.value and first.value is not second.value
+
+
 async def test_waiting_for_a_revision_not_written_yet_times_out(
     things: store.Store[Thing], following: store.Follower[Thing]
 ) -> None:

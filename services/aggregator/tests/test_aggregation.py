@@ -4,6 +4,7 @@ staleness, observedGeneration and the annotations."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -401,3 +402,21 @@ def test_a_new_placement_drops_the_reports_of_clusters_it_left() -> None:
     record = ObjectReports(key="k").with_report(report("a")).with_report(report("b"))
     moved = record.with_placement(placed("Deployment", "apps/v1", ("b", 3)))
     assert set(moved.members) == {"b"}
+
+
+def test_a_report_sent_before_the_kept_one_changes_nothing() -> None:
+    """Reports of one copy handed over out of order (a redelivery arriving after a
+    newer report): the newer one stays; one without a time replaces as before."""
+    sent = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    newer = report("a", readyReplicas=3).model_copy(update={"observed_at": sent})
+    older = report("a", readyReplicas=1).model_copy(
+        update={"observed_at": sent - timedelta(seconds=1)}
+    )
+    record = ObjectReports(key="k").with_report(newer).with_report(older)
+    assert record.members["a"].status == {"readyReplicas": 3}
+    later = report("a", readyReplicas=2).model_copy(
+        update={"observed_at": sent + timedelta(seconds=1)}
+    )
+    assert record.with_report(later).members["a"].status == {"readyReplicas": 2}
+    untimed = report("a", readyReplicas=0)
+    assert record.with_report(untimed).members["a"].status == {"readyReplicas": 0}

@@ -4,9 +4,11 @@ scheduler, the syncer and the watcher publish them."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -51,10 +53,23 @@ class Setup:
             )
         )
 
-    async def publish(self, payload: events.AnyPayload, key: str, revision: int = 0) -> None:
+    async def publish(
+        self,
+        payload: events.AnyPayload,
+        key: str,
+        revision: int = 0,
+        produced_at: datetime | None = None,
+    ) -> None:
         self._n += 1
         await self.bus.publish(
-            events.envelope(payload, key=key, producer="test", revision=revision, dedupe=(self._n,))
+            events.envelope(
+                payload,
+                key=key,
+                producer="test",
+                revision=revision,
+                dedupe=(self._n,),
+                produced_at=produced_at,
+            )
         )
 
     async def placed(self, obj: Any, *clusters: tuple[str, int, PlacementState]) -> None:
@@ -62,6 +77,17 @@ class Setup:
         await self.publish(decision, decision.ref.key)
 
     async def member(self, obj: Any, cluster: str, hub_generation: int = 1, **status: Any) -> None:
+        await self.member_sent(obj, cluster, None, status, hub_generation)
+
+    async def member_sent(
+        self,
+        obj: Any,
+        cluster: str,
+        produced_at: datetime | None,
+        status: dict[str, Any],
+        hub_generation: int = 1,
+    ) -> None:
+        """A member report the syncer sent at `produced_at`."""
         ref = events.ObjectRef.of(obj)
         observed = events.MemberStatusObserved(
             ref=ref,
@@ -72,7 +98,7 @@ class Setup:
             hub_generation=hub_generation,
             ready=status.get("availableReplicas") == status.get("replicas"),
         )
-        await self.publish(observed, ref.key)
+        await self.publish(observed, ref.key, produced_at=produced_at)
 
     async def cluster(self, name: str, ready: bool, revision: int) -> None:
         obj = {
@@ -215,6 +241,63 @@ async def test_a_conflicting_hub_write_is_retried_from_the_latest_object(
         hub = await eventually(written, what="status written after the conflict")
         assert s.app.conflicts >= 1
         assert hub["metadata"]["labels"]["touched"] == "yes"
+
+
+async def test_a_slow_flush_is_not_overtaken_by_a_newer_one(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    """A report arriving while a flush of the same object is still writing (a slow hub)
+    is folded after that flush, never beside it: the older fold, retried after the
+    newer one landed, would otherwise leave the hub showing the older reports."""
+    async with aggregator(kubesim_factory, nats_server, f"ag{unique}", window=0.3) as s:
+        obj = await s.create(web(3))
+        real_replace = s.dyn.replace
+        entered, gate = asyncio.Event(), asyncio.Event()
+
+        async def slow_first_replace(*args: Any, **kwargs: Any) -> Any:
+            if not entered.is_set():  # the first status write hangs until released
+                entered.set()
+                await gate.wait()
+            return await real_replace(*args, **kwargs)
+
+        s.app.dyn.replace = slow_first_replace  # type: ignore[method-assign]
+        await s.placed(obj, ("a", 3, A))
+        await s.member(obj, "a", replicas=3, readyReplicas=1, availableReplicas=1)
+        await asyncio.wait_for(entered.wait(), 30)
+        await s.member(obj, "a", **FULL)
+        await asyncio.sleep(1.5)  # several windows: room for a second flush to run
+        gate.set()
+
+        async def quiet() -> bool:
+            return not s.app._flushes
+
+        await eventually(quiet, what="every flush done")
+        hub = await s.get(obj)
+        assert hub["status"]["readyReplicas"] == 3, hub["status"]
+
+
+async def test_a_member_report_older_than_the_one_kept_is_not_shown(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    """A copy's report handed over after a newer one of the same copy (as a redelivery
+    after a partition moved is) does not replace it: the hub keeps the newer state."""
+    async with aggregator(kubesim_factory, nats_server, f"ag{unique}") as s:
+        obj = await s.create(web(6))
+        await s.placed(obj, ("a", 3, A), ("b", 3, A))
+        sent = datetime.now(UTC)
+        earlier = sent - timedelta(seconds=1)
+        await s.member_sent(obj, "a", sent, FULL)
+        await s.member_sent(obj, "a", earlier, {**FULL, "readyReplicas": 1, "availableReplicas": 1})
+        await s.member_sent(obj, "b", sent, FULL)  # handled after the older one
+
+        async def folded() -> dict[str, Any] | None:
+            hub = await s.get(obj)
+            annotations = hub["metadata"].get("annotations") or {}
+            entries = json.loads(annotations.get(CLUSTER_STATUS_ANNOTATION) or "[]")
+            return hub if {e["cluster"] for e in entries if e.get("status")} == {"a", "b"} else None
+
+        hub = await eventually(folded, what="both members' reports on the hub")
+        assert hub["status"]["readyReplicas"] == 6, hub["status"]
 
 
 async def test_a_restarted_aggregator_still_knows_every_member(

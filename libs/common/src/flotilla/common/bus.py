@@ -206,10 +206,11 @@ class Bus:
         event, headers = stamped(event)
         return subject, headers, events.encode(event)
 
-    async def store(self, spec: BucketSpec, model: type[M]) -> store.Store[M]:
-        """The typed compare-and-set store over bucket `spec` (created if absent)."""
+    async def store(self, spec: BucketSpec, model: type[M], *, memo: int = 0) -> store.Store[M]:
+        """The typed compare-and-set store over bucket `spec` (created if absent); `memo`
+        keys read or written last are not parsed again while unchanged (`store.Store`)."""
         kv = await self.bucket(spec)
-        return store.Store(store.JetStreamBucket(self.js, kv, spec.name), model)
+        return store.Store(store.JetStreamBucket(self.js, kv, spec.name), model, memo=memo)
 
     async def publish(self, event: events.Envelope) -> api.PubAck:
         """Publish one event; `InvalidObject` (``ObjectTooLarge``, ``ObjectTooDeep``) when

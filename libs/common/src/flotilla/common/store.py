@@ -196,13 +196,20 @@ Change = tuple[str, Entry[M] | None, int]
 class Store(Generic[M]):
     """Records of one pydantic model in one bucket (see the module docstring)."""
 
-    def __init__(self, bucket: Bucket, model: type[M]) -> None:
+    def __init__(self, bucket: Bucket, model: type[M], *, memo: int = 0) -> None:
         self.bucket = bucket
         self.model = model
         self._watching = 0
         self._written: dict[str, tuple[bytes, M]] = {}
         """Key → the bytes and value this store last wrote there, while a watch runs
         to see them come back (taken out when they do)."""
+        self.memo = memo
+        self._memo: dict[str, tuple[bytes, M]] = {}
+        """Key → the bytes and value last read or written there, for the `memo` keys
+        used last: a `get` that reads the same bytes again hands back that value instead
+        of parsing them. For a store whose callers never change a value they got, with
+        large records read and rewritten over and over (the transformer's dependents of
+        one namespace: thousands of references, parsed once per placement otherwise)."""
 
     def _dump(self, value: M) -> bytes:
         return value.model_dump_json(by_alias=True).encode()
@@ -213,6 +220,14 @@ class Store(Generic[M]):
             self._written[key] = (data, value)
         return data
 
+    def _remember(self, key: str, data: bytes, value: M) -> None:
+        if not self.memo:
+            return
+        self._memo.pop(key, None)
+        self._memo[key] = (data, value)
+        while len(self._memo) > self.memo:
+            del self._memo[next(iter(self._memo))]
+
     def _parse(self, key: str, data: bytes) -> M:
         try:
             return self.model.model_validate_json(data)
@@ -222,18 +237,31 @@ class Store(Generic[M]):
     async def get(self, key: str) -> Entry[M] | None:
         raw = await self.bucket.get(encode_key(key))
         if raw is None or raw.data is None:
+            self._memo.pop(key, None)
             return None
-        return Entry(self._parse(key, raw.data), raw.revision)
+        known = self._memo.get(key)
+        if known is not None and known[0] == raw.data:
+            value = known[1]
+        else:
+            value = self._parse(key, raw.data)
+        self._remember(key, raw.data, value)
+        return Entry(value, raw.revision)
 
     async def create(self, key: str, value: M) -> int:
         """Write `value` if `key` holds nothing; its revision, or `Conflict`."""
-        return await self.bucket.create(encode_key(key), self._own(key, value))
+        data = self._own(key, value)
+        revision = await self.bucket.create(encode_key(key), data)
+        self._remember(key, data, value)
+        return revision
 
     async def update(self, key: str, value: M, last: int) -> int:
         """Write `value` if `key` is still at revision `last`; the new revision, or `Conflict`."""
         if last <= 0:
             raise ValueError("update needs the revision read; use create for a new key")
-        return await self.bucket.update(encode_key(key), self._own(key, value), last)
+        data = self._own(key, value)
+        revision = await self.bucket.update(encode_key(key), data, last)
+        self._remember(key, data, value)
+        return revision
 
     async def write(self, key: str, value: M, last: int) -> int:
         """`create` when `last` is 0 (nothing was read), else `update`."""
@@ -247,7 +275,9 @@ class Store(Generic[M]):
 
     async def delete(self, key: str, last: int | None = None) -> int:
         """Tombstone `key` if it is still at revision `last` (None: whatever it holds)."""
-        return await self.bucket.delete(encode_key(key), last)
+        revision = await self.bucket.delete(encode_key(key), last)
+        self._memo.pop(key, None)
+        return revision
 
     async def last_revision(self) -> int:
         return await self.bucket.last_revision()

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -67,9 +68,15 @@ class MemberReport(_Model):
     hub_generation: int | None = None
     ready: bool | None = None
     decision_id: str = ""
+    observed_at: datetime | None = None
+    """When the syncer sent it (the event's ``produced_at``): orders two reports of
+    one copy when the bus hands them over out of order (a redelivery after a newer
+    report, a partition moving between replicas)."""
 
     @classmethod
-    def of(cls, observed: MemberStatusObserved) -> MemberReport:
+    def of(
+        cls, observed: MemberStatusObserved, observed_at: datetime | None = None
+    ) -> MemberReport:
         return cls(
             cluster=observed.cluster,
             exists=observed.exists,
@@ -79,6 +86,7 @@ class MemberReport(_Model):
             hub_generation=observed.hub_generation,
             ready=observed.ready,
             decision_id=observed.decision_id,
+            observed_at=observed_at,
         )
 
     @property
@@ -99,6 +107,15 @@ class ObjectReports(_Model):
     members: dict[str, MemberReport] = Field(default_factory=dict)
 
     def with_report(self, report: MemberReport) -> ObjectReports:
+        """`report` as its cluster's latest, unless the one kept was sent after it."""
+        kept = self.members.get(report.cluster)
+        if (
+            kept is not None
+            and kept.observed_at is not None
+            and report.observed_at is not None
+            and report.observed_at < kept.observed_at
+        ):
+            return self
         return self.model_copy(update={"members": {**self.members, report.cluster: report}})
 
     def with_placement(self, placement: PlacementDecided) -> ObjectReports:

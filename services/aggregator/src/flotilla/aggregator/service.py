@@ -16,12 +16,14 @@ them and folds each object once more (writes that change nothing are skipped).
 **Writing.** The handler only records and marks the object dirty; one flush per
 object runs `coalesce_window` seconds later and folds whatever arrived meanwhile
 (`flotilla.aggregator.aggregation.fold`), so nine member reports of a 3/3/3
-Deployment become one hub write. A flush reads the hub object, writes the
-status through the status subresource and the ``flotilla.io/placement`` and
-``flotilla.io/cluster-status`` annotations with a merge patch, each only when it
-differs and each with the read ``resourceVersion`` as precondition: a 409 is
-retried from the latest object. A flush that fails (hub unreachable) is retried
-with backoff; the record is durable, so nothing is lost meanwhile.
+Deployment become one hub write. One flush per object writes at a time (what arrives
+meanwhile is folded by the next), so an older fold never lands last. A flush reads
+the hub object, writes the status through the status subresource and the
+``flotilla.io/placement`` and ``flotilla.io/cluster-status`` annotations with a
+merge patch, each only when it differs and each with the read ``resourceVersion`` as
+precondition: a 409 is retried from the latest object. A flush that fails (hub
+unreachable) is retried with backoff; the record is durable, so nothing is lost
+meanwhile.
 
 **Interpreters.** The built-in ones, plus the hub's ResourceInterpreters, listed
 at start and every `interpreter_refresh` seconds (invalid ones are skipped: the
@@ -120,6 +122,10 @@ class Aggregator:
         """cluster → keys of objects placed there (what a readiness change re-folds)."""
         self._pending: dict[str, asyncio.Task[None]] = {}
         """key → its flush that has not started writing yet (what new reports join)."""
+        self._writing: set[str] = set()
+        """Keys whose flush is writing now: a report meanwhile waits for it (`_again`)."""
+        self._again: set[str] = set()
+        """Keys to flush once more when their current flush is done."""
         self._flushes: set[asyncio.Task[None]] = set()
         self.status_writes = 0
         self.annotation_writes = 0
@@ -219,7 +225,7 @@ class Aggregator:
 
     async def on_member_status_observed(self, event: Received[events.MemberStatusObserved]) -> None:
         observed = event.payload
-        report = MemberReport.of(observed)
+        report = MemberReport.of(observed, event.envelope.produced_at)
         await self._update(observed.ref.key, lambda r: r.with_report(report))
         self.schedule(observed.ref.key)
 
@@ -244,8 +250,16 @@ class Aggregator:
     # --- flushing -------------------------------------------------------------------
 
     def schedule(self, key: str, delay: float | None = None) -> None:
-        """Fold and write `key` once the window has passed (one pending flush per key)."""
-        if key not in self._pending:
+        """Fold and write `key` once the window has passed (one pending flush per key).
+
+        One flush per key writes at a time: a flush still writing folded the record
+        as it was when it started, so a second one running beside it could be
+        overtaken by it and the hub left showing the older reports for good. A report
+        arriving while a flush writes is folded by the next flush, started when that
+        one is done."""
+        if key in self._writing:
+            self._again.add(key)
+        elif key not in self._pending:
             wait = self.window if delay is None else delay
             task = asyncio.create_task(self._flush_later(key, wait))
             self._pending[key] = task
@@ -256,15 +270,26 @@ class Aggregator:
         await asyncio.sleep(delay)
         # Reports arriving from here on schedule the next flush.
         self._pending.pop(key, None)
+        self._writing.add(key)
+        retry: float | None = None
         try:
             await self.flush(key)
         except FlotillaError as exc:
             log.warning("status of %s not written (retrying): %s", key, exc)
-            self.schedule(key, min(max(delay * 2, 0.5), 30.0))
+            retry = min(max(delay * 2, 0.5), 30.0)
+        finally:
+            self._writing.discard(key)
+        if retry is not None:
+            self._again.discard(key)  # the retry folds whatever arrived meanwhile
+            self.schedule(key, retry)
+        elif key in self._again:
+            self._again.discard(key)
+            self.schedule(key)
 
     async def close(self) -> None:
         tasks = list(self._flushes)  # pending ones and those writing right now
         self._pending.clear()
+        self._again.clear()
         await cancel_and_wait(tasks)
 
     async def flush(self, key: str) -> None:

@@ -108,6 +108,8 @@ HUB_CACHE_TTL = 2.0
 """Seconds the Clusters and transformations read from the hub are reused."""
 MAX_ATTEMPTS = 8
 """Reconciliations of one event after lost compare-and-sets before it is retried later."""
+DEPENDENTS_MEMO = 256
+"""Dependents records kept parsed (`flotilla.common.store.Store` memo)."""
 DEPENDENCY_OF_SHOWN = 8
 """Dependents a dependency's work names at most (the first by key): enough to see
 why it is there, and a work event stays small whatever the fan-in."""
@@ -875,8 +877,11 @@ async def setup(rt: Runtime) -> Transformer:
         bus=rt.bus,
         hub=KubeHub(dyn, settings.hub_cache_ttl),
         objects=await rt.bus.store(rt.bus.topology.bucket("transformer-objects"), ObjectRecord),
+        # A namespace's record names every object placed in it and is read and
+        # rewritten for each placement: the memo spares parsing what this replica
+        # wrote or read last (quadratic in the objects of a namespace otherwise).
         dependents=await rt.bus.store(
-            rt.bus.topology.bucket("transformer-dependents"), DependentsRecord
+            rt.bus.topology.bucket("transformer-dependents"), DependentsRecord, memo=DEPENDENTS_MEMO
         ),
         reporter=reporter,
     )
