@@ -96,7 +96,7 @@ from flotilla.common.infra import NatsServer, RedisServer
 from flotilla.common.topology import Topology
 from flotilla.drain import draining
 from flotilla.drain.draining import ClusterRecord, Member, ObjectRecord, Timing
-from flotilla.scheduler.records import ClusterRecord as SchedulerCluster
+from flotilla.scheduler import service as scheduler_service
 from flotilla.watcher.watching import Expired, TypeClient
 
 # --- simulated: the pure core in a simulated world -----------------------------------------
@@ -776,31 +776,14 @@ async def scheduler_sees_ready(url: str, names: Sequence[str]) -> bool:
         ensure=False,
     )
     try:
-        records = await bus.store(bus.topology.bucket("scheduler-clusters"), SchedulerCluster)
-        for name in names:
-            entry = await records.get(name)
-            cluster = entry.value.cluster if entry else None
-            ready = cluster.status.condition("Ready") if cluster else None
-            if ready is None or ready.status != "True":
-                return False
-        return True
+        return await scheduler_service.sees_ready(bus, names)
     finally:
         await bus.close()
 
 
 async def outage(kubeconfig: Path, down: bool) -> None:
     """kubesim's fault endpoint, as ``flotilla chaos outage`` calls it."""
-    client = await kube.client_from_kubeconfig(kubeconfig)
-    async with client:
-        await client.call_api(
-            "/sim/v1/outage",
-            "POST",
-            body={"down": down},
-            header_params={"Content-Type": "application/json", "Accept": "application/json"},
-            auth_settings=["BearerToken"],
-            response_types_map={"200": "object"},
-            _return_http_data_only=True,
-        )
+    await environment.set_outage(kubeconfig, down=down)
 
 
 async def flotilla_objects_on(kubeconfig: Path) -> int:

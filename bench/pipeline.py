@@ -49,7 +49,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,7 @@ from flotilla.common.testing import CRD_DIR
 from flotilla.common.topology import Topology
 from flotilla.kubesim.server import KubeSim
 from flotilla.kubesim.sim import SimOptions
-from flotilla.scheduler.records import ClusterRecord
+from flotilla.scheduler import service as scheduler_service
 
 SYSTEM = "flotilla-system"
 NS_PREFIX = "bench-"
@@ -227,18 +227,6 @@ async def ready_on_hub(api: Any) -> int:
         for condition in (item.get("status") or {}).get("conditions") or []
         if condition["type"] == "Ready" and condition["status"] == "True"
     )
-
-
-async def ready_for_scheduler(bus: Bus, names: Iterable[str]) -> bool:
-    """Whether the scheduler's own view (its clusters bucket) has every member Ready."""
-    records = await bus.store(bus.topology.bucket("scheduler-clusters"), ClusterRecord)
-    for name in names:
-        entry = await records.get(name)
-        cluster = entry.value.cluster if entry else None
-        condition = cluster.status.condition("Ready") if cluster else None
-        if condition is None or condition.status != "True":
-            return False
-    return True
 
 
 async def until(check: Any, timeout: float, what: str) -> None:
@@ -428,7 +416,7 @@ async def run(
                 return await ready_on_hub(api) == member_count
 
             async def scheduler_sees() -> bool:
-                return await ready_for_scheduler(bus, labels)
+                return await scheduler_service.sees_ready(bus, labels)
 
             await until(all_ready, 240, "every member Ready")
             await until(scheduler_sees, 120, "the scheduler seeing every member Ready")

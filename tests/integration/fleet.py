@@ -44,7 +44,7 @@ from flotilla.common.topology import Topology
 from flotilla.kubesim.server import KubeSim
 from flotilla.kubesim.sim import SimOptions
 from flotilla.kubesim.testing import KubeSimFactory
-from flotilla.scheduler.records import ClusterRecord
+from flotilla.scheduler import service as scheduler_service
 
 SYSTEM_NAMESPACE = "flotilla-system"
 SERVICES = (
@@ -193,14 +193,7 @@ class Fleet:
             ensure=False,
         )
         try:
-            records = await bus.store(bus.topology.bucket("scheduler-clusters"), ClusterRecord)
-            for name in self.members:
-                entry = await records.get(name)
-                cluster = entry.value.cluster if entry else None
-                ready = cluster.status.condition("Ready") if cluster else None
-                if ready is None or ready.status != "True":
-                    return False
-            return True
+            return await scheduler_service.sees_ready(bus, self.members)
         finally:
             await bus.close()
 

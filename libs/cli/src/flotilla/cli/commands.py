@@ -682,17 +682,7 @@ def outage(ctx: click.Context, cluster: str | None, region: str | None, off: boo
 
 async def _outage(env: environment.EnvFile, clusters: list[str], *, down: bool) -> None:
     for name in clusters:
-        api_client = await kube.client_from_kubeconfig(env.clusters[name].kubeconfig)
-        async with api_client:
-            await api_client.call_api(
-                "/sim/v1/outage",
-                "POST",
-                body={"down": down},
-                header_params={"Content-Type": "application/json", "Accept": "application/json"},
-                auth_settings=["BearerToken"],
-                response_types_map={"200": "object"},
-                _return_http_data_only=True,
-            )
+        await environment.set_outage(env.clusters[name].kubeconfig, down=down)
 
 
 @cli.command()

@@ -650,3 +650,19 @@ def status(env: EnvFile) -> list[Health]:
             detail = ready(process.health)[1]
         rows.append(Health(name, role, process.pid, up_now, detail))
     return rows
+
+
+async def set_outage(kubeconfig: Path | str, *, down: bool) -> None:
+    """Start or end a simulated outage of the kubesim cluster `kubeconfig` names
+    (its fault endpoint: every API request but this one fails while it lasts)."""
+    api_client = await kube.client_from_kubeconfig(kubeconfig)
+    async with api_client:
+        await api_client.call_api(
+            "/sim/v1/outage",
+            "POST",
+            body={"down": down},
+            header_params={"Content-Type": "application/json", "Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            response_types_map={"200": "object"},
+            _return_http_data_only=True,
+        )

@@ -728,3 +728,17 @@ async def setup(rt: Runtime) -> Scheduler:
     rt.health.add_readiness_check("placements", scheduler.readiness)
     rt.serve(scheduler.router(), reporter=reporter)
     return scheduler
+
+
+async def sees_ready(bus: Bus, names: Iterable[str]) -> bool:
+    """Whether the scheduler's own view of the clusters (its clusters bucket, what it
+    decides against) has every one of `names` Ready: what a test or a benchmark waits
+    for before it creates work, since the hub's status reaches it through the watcher."""
+    records = await bus.store(bus.topology.bucket("scheduler-clusters"), ClusterRecord)
+    for name in names:
+        entry = await records.get(name)
+        cluster = entry.value.cluster if entry else None
+        ready = cluster.status.condition("Ready") if cluster else None
+        if ready is None or ready.status != "True":
+            return False
+    return True
