@@ -9,6 +9,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 export UV_LINK_MODE := copy
+# Bytecode is compiled once here: where PYTHONDONTWRITEBYTECODE is set (this
+# machine, CI, containers) every process would otherwise compile every module it
+# imports from source, seconds of CPU per service start.
+export UV_COMPILE_BYTECODE := 1
 
 .PHONY: help bootstrap lint typecheck imports test unit integration bench clean demo
 
@@ -25,6 +29,7 @@ $(UV):
 
 $(VENV)/.synced: $(UV) uv.lock pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
 	$(UV) sync --frozen --all-packages --python $(PYTHON)
+	$(PY) -m compileall -q -j 0 libs/*/src services/*/src
 	@touch $@
 
 bootstrap: $(VENV)/.synced

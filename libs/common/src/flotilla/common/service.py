@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import uvloop
 from prometheus_client import CollectorRegistry
 
 from flotilla.common import config, logs, middleware, telemetry
@@ -299,7 +300,8 @@ def main(
             log.info("%s stopping", name)
 
     try:
-        asyncio.run(run())
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(run())
     except FlotillaError as exc:
         log.error("%s failed: %s", name, exc)
         sys.exit(1)
