@@ -200,12 +200,16 @@ class Verdict:
     """One readable line, shown by ``describe``."""
     line: str = field(init=False, repr=False, compare=False)
     """``code:unit:reason``, what the decision id hashes (built once per verdict)."""
+    text: str = field(init=False, repr=False, compare=False)
+    """``unit: reason``, what the event shows (built once: one verdict object is
+    shared by every cluster it rejects, and by every decision of a memoised filter)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "line", f"{self.code}:{self.unit}:{self.reason}")
+        object.__setattr__(self, "text", f"{self.unit}: {self.reason}")
 
     def __str__(self) -> str:
-        return f"{self.unit}: {self.reason}"
+        return self.text
 
 
 Rejections = dict[str, Verdict]
@@ -281,6 +285,24 @@ def _shape(requests: Mapping[str, int]) -> dict[str, int]:
 def _count(free: Mapping[str, int], shape: Mapping[str, int]) -> int:
     counts = [max(free.get(r, 0), 0) // amount for r, amount in shape.items() if amount > 0]
     return min(counts, default=UNBOUNDED)
+
+
+_Amounts = tuple[tuple[str, int], ...]
+"""A shape's positive amounts, taken out once per `Fleet.fits` call."""
+
+
+def _count_amounts(free: Mapping[str, int], amounts: _Amounts) -> int:
+    """`_count` of a shape given as its positive amounts (the per-cluster loop of
+    `Fleet.fits`, run for every patched cluster and shape after each claim)."""
+    best = UNBOUNDED
+    for resource, amount in amounts:
+        have = free.get(resource, 0)
+        if have <= 0:
+            return 0
+        count = have // amount
+        if count < best:
+            best = count
+    return best
 
 
 def whole_sets(record: CapacityRecord, components: Sequence[Component]) -> int:
@@ -527,23 +549,23 @@ class Fleet:
         remembered per record's node list: a patch that only changed a cluster's
         reservations recomputes the cluster-level half alone."""
         key = requests_key(per_replica)
-        shape = _shape(per_replica)
-        return self._per_cluster(self._fits, key, lambda view: self._fit(view, key, shape))
+        amounts = tuple((r, amount) for r, amount in _shape(per_replica).items() if amount > 0)
+        return self._per_cluster(self._fits, key, lambda view: self._fit(view, key, amounts))
 
-    def _fit(self, view: ClusterView, key: RequestsKey, shape: Mapping[str, int]) -> int:
+    def _fit(self, view: ClusterView, key: RequestsKey, amounts: _Amounts) -> int:
         record = view.capacity
         assert record is not None
         room = self._headroom.get(view.name)
         if room is None or room[0] is not record:
             # Once per record, not per shape: `headroom` builds a new dict every call.
             room = self._headroom[view.name] = (record, record.headroom)
-        cluster_level = _count(room[1], shape)
+        cluster_level = _count_amounts(room[1], amounts)
         nodes = record.nodes
         if not nodes:
             return cluster_level
         remembered = self._node_fits.get((view.name, key))
         if remembered is None or remembered[0] is not nodes:
-            remembered = (nodes, sum(_count(node.free, shape) for node in nodes))
+            remembered = (nodes, sum(_count_amounts(node.free, amounts) for node in nodes))
             _bounded(self._node_fits)[(view.name, key)] = remembered
         return min(remembered[1], cluster_level)
 
@@ -765,9 +787,16 @@ class Decision:
         """Rejections grouped by reason, the shape `events.PlacementDecided.rejected`
         carries: a hundred clusters turned down for one taint are one line."""
         grouped: dict[str, list[str]] = {}
-        for name, verdict in sorted(self.rejections.items()):
-            grouped.setdefault(str(verdict), []).append(name)
-        return grouped
+        for name, verdict in self.rejections.items():
+            names = grouped.get(verdict.text)
+            if names is None:
+                grouped[verdict.text] = [name]
+            else:
+                names.append(name)
+        for names in grouped.values():
+            names.sort()
+        # Reasons in the order of their first cluster by name, as one sorted pass gave.
+        return dict(sorted(grouped.items(), key=lambda item: item[1][0]))
 
     def to_event(self, previous: Iterable[ClusterPlacement] = ()) -> PlacementDecided:
         """The ``PlacementDecided`` payload for the object this decision is about."""
