@@ -16,6 +16,7 @@ from flotilla.common.api import PlacementState, Strategy
 from flotilla.common.events import ClusterPlacement, PlacementDecided
 from flotilla.scheduler.core import release_retiring, schedule
 from flotilla.scheduler.model import (
+    RECENT_PATCHES,
     ClusterView,
     Code,
     Decision,
@@ -649,3 +650,30 @@ def test_a_capacity_patch_judges_again_only_what_capacity_can_change() -> None:
     assert second[1] == first[1]
     assert patched.verdicts("k", judge, stands=stands) == second
     assert len(judged) == 2  # nothing patched since: the memo answers
+
+
+@pytest.mark.parametrize("patches", [1, RECENT_PATCHES, RECENT_PATCHES + 5])
+def test_memos_catch_up_on_any_number_of_patches_since_they_were_filled(patches: int) -> None:
+    """A memo filled before a run of patches recomputes the clusters they changed,
+    whether the fleet still remembers each patch's names or must scan for them."""
+    clusters = [make_cluster(f"c{i}") for i in range(6)]
+    patched = fleet(*clusters)
+    objects = [make_deployment(replicas=9).with_requests(cpu="500m"), make_daemonset()]
+    for obj in objects:
+        schedule(make_input(obj, patched))
+    records = {c.name: c.record() for c in clusters}
+    for step in range(patches):
+        name = f"c{step % 3}"
+        base = records[name]
+        assert base is not None
+        records[name] = base.model_copy(update={"reserved": {"cpu": 100 * (step + 1), "pods": 1}})
+        patched.patch({name: records[name]})
+    snapshot = capacity.Snapshot(
+        clusters={n: r for n, r in records.items() if r is not None}, taken_at=NOW.timestamp()
+    )
+    fresh = Fleet([c.build() for c in clusters], snapshot)
+    for obj in objects:
+        warm = schedule(make_input(obj, patched))
+        cold = schedule(make_input(obj, fresh))
+        assert warm == cold
+        assert warm.decision_id == cold.decision_id

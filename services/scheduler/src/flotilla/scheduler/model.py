@@ -172,6 +172,8 @@ def hash64(text: str) -> int:
 
 def components_key(components: Sequence[Component]) -> str:
     """A hashable form of a component list (a cache key)."""
+    if not components:
+        return "[]"  # most objects: what json.dumps gives, without calling it per decision
     return json.dumps([[c.name, c.replicas, sorted(c.requests.items())] for c in components])
 
 
@@ -391,6 +393,8 @@ class Fleet:
         self.epoch = 0
         """Bumped by every `patch`; memos remember the epoch they were filled at."""
         self._changed_at: dict[str, int] = {}
+        self._recent: list[list[str]] = []
+        """The names each of the last `RECENT_PATCHES` patches changed, oldest first."""
         self._selected: dict[str, frozenset[str]] = {}
         self._fits: dict[RequestsKey, tuple[int, dict[str, int]]] = {}
         self._node_fits: dict[tuple[str, RequestsKey], tuple[object, int]] = {}
@@ -458,11 +462,20 @@ class Fleet:
             self._changed_at[name] = self.epoch
         self.views = tuple(views)
         self.fingerprint = self._fingerprint()
+        self._recent.append(changed)
+        if len(self._recent) > RECENT_PATCHES:
+            del self._recent[0]
 
     def _stale(self, epoch: int) -> list[ClusterView]:
         """Views of the clusters patched after `epoch`, in name order."""
-        if epoch == self.epoch:
+        behind = self.epoch - epoch
+        if behind == 0:
             return []
+        if behind <= len(self._recent):
+            # A memo a few patches old: the names those patches touched, not a pass
+            # over the whole fleet.
+            names = {name for patch in self._recent[-behind:] for name in patch}
+            return [self.by_name[name] for name in sorted(names)]
         names = {name for name, at in self._changed_at.items() if at > epoch}
         return [v for v in self.views if v.name in names]
 
@@ -601,6 +614,9 @@ class Fleet:
         _bounded(memo)[key] = (self.epoch, values)
         return values
 
+
+RECENT_PATCHES = 32
+"""Patches a fleet remembers the names of (`Fleet._stale`); older memos scan the fleet."""
 
 MEMO_LIMIT = 4096
 """Entries a per-fleet memo keeps: a fleet lives as long as its clusters do, and
