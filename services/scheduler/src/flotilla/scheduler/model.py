@@ -560,27 +560,53 @@ class Fleet:
 
         The fit rule of ``ClusterCapacity.fit_replicas``, with its node-level half
         remembered per record's node list: a patch that only changed a cluster's
-        reservations recomputes the cluster-level half alone."""
+        reservations recomputes the cluster-level half alone. (One loop, no call per
+        cluster: a copy object's claims patch every cluster, and every shape decided
+        next recomputes them all.)"""
         key = requests_key(per_replica)
+        entry = self._fits.get(key)
+        if entry is not None and entry[0] == self.epoch:
+            return entry[1]
+        if entry is None:
+            views: Iterable[ClusterView] = self.views
+            values: dict[str, int] = {}
+        else:
+            views = self._stale(entry[0])
+            values = dict(entry[1])
         amounts = tuple((r, amount) for r, amount in _shape(per_replica).items() if amount > 0)
-        return self._per_cluster(self._fits, key, lambda view: self._fit(view, key, amounts))
-
-    def _fit(self, view: ClusterView, key: RequestsKey, amounts: _Amounts) -> int:
-        record = view.capacity
-        assert record is not None
-        room = self._headroom.get(view.name)
-        if room is None or room[0] is not record:
-            # Once per record, not per shape: `headroom` builds a new dict every call.
-            room = self._headroom[view.name] = (record, record.headroom)
-        cluster_level = _count_amounts(room[1], amounts)
-        nodes = record.nodes
-        if not nodes:
-            return cluster_level
-        remembered = self._node_fits.get((view.name, key))
-        if remembered is None or remembered[0] is not nodes:
-            remembered = (nodes, sum(_count_amounts(node.free, amounts) for node in nodes))
-            _bounded(self._node_fits)[(view.name, key)] = remembered
-        return min(remembered[1], cluster_level)
+        headroom = self._headroom
+        node_fits = self._node_fits
+        for view in views:
+            name = view.name
+            record = view.capacity
+            if record is None:
+                values.pop(name, None)
+                continue
+            room = headroom.get(name)
+            if room is None or room[0] is not record:
+                # Once per record, not per shape: `headroom` builds a new dict every call.
+                room = headroom[name] = (record, record.headroom)
+            free = room[1]
+            fit = UNBOUNDED
+            for resource, amount in amounts:
+                have = free.get(resource, 0)
+                if have <= 0:
+                    fit = 0
+                    break
+                count = have // amount
+                if count < fit:
+                    fit = count
+            nodes = record.nodes
+            if nodes and fit:
+                remembered = node_fits.get((name, key))
+                if remembered is None or remembered[0] is not nodes:
+                    remembered = (nodes, sum(_count_amounts(node.free, amounts) for node in nodes))
+                    _bounded(node_fits)[(name, key)] = remembered
+                if remembered[1] < fit:
+                    fit = remembered[1]
+            values[name] = fit
+        _bounded(self._fits)[key] = (self.epoch, values)
+        return values
 
     def set_fits(self, components: Sequence[Component]) -> Mapping[str, int]:
         """Cluster → how many whole sets of ``components`` fit (see `whole_sets`)."""
