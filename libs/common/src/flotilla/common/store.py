@@ -122,6 +122,8 @@ def encode_key(key: str) -> str:
 
 def decode_key(text: str) -> str:
     """The inverse of `encode_key`."""
+    if "=" not in text:
+        return text  # nothing was escaped (every object key)
     out = bytearray()
     i = 0
     while i < len(text):
