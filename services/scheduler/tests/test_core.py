@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import pytest
@@ -677,3 +677,37 @@ def test_memos_catch_up_on_any_number_of_patches_since_they_were_filled(patches:
         cold = schedule(make_input(obj, fresh))
         assert warm == cold
         assert warm.decision_id == cold.decision_id
+
+
+def test_clusters_judged_again_after_a_patch_go_to_the_narrower_judge() -> None:
+    """With `again`, a patched cluster whose earlier verdict may change is judged by it
+    (the filters before the first capacity-reading one are not run again); the whole
+    `judge` runs only for a fleet seen the first time."""
+    clusters = [make_cluster("a").cordoned(), make_cluster("b"), make_cluster("c")]
+    patched = fleet(*clusters)
+    calls: list[tuple[str, list[str]]] = []
+
+    def judging(
+        name: str,
+    ) -> Callable[[Sequence[ClusterView]], tuple[list[ClusterView], Rejections]]:
+        def judge(views: Sequence[ClusterView]) -> tuple[list[ClusterView], Rejections]:
+            calls.append((name, [v.name for v in views]))
+            rejections: Rejections = {}
+            if any(v.name == "a" for v in views):
+                rejections["a"] = Verdict(Code.UNSCHEDULABLE, "cordon", "cordoned")
+            return [v for v in views if v.name not in rejections], rejections
+
+        return judge
+
+    def stands(verdict: Verdict) -> bool:
+        return verdict.unit != "capacity"
+
+    first = patched.verdicts("k", judging("judge"), stands=stands, again=judging("again"))
+    records = {c.name: c.record() for c in clusters}
+    patched.patch(
+        {n: r.model_copy(update={"reserved": {"cpu": 1}}) for n, r in records.items() if r}
+    )
+    second = patched.verdicts("k", judging("judge"), stands=stands, again=judging("again"))
+    assert calls == [("judge", ["a", "b", "c"]), ("again", ["b", "c"])]
+    assert [v.name for v in second[0]] == [v.name for v in first[0]] == ["b", "c"]
+    assert second[1] == first[1]

@@ -485,6 +485,8 @@ class Fleet:
         judge: Callable[[Sequence[ClusterView]], tuple[list[ClusterView], Rejections]],
         *,
         stands: Callable[[Verdict], bool] | None = None,
+        again: Callable[[Sequence[ClusterView]], tuple[list[ClusterView], Rejections]]
+        | None = None,
     ) -> tuple[list[ClusterView], Rejections]:
         """The memoised verdicts of `judge` over every cluster: (passing, rejections).
 
@@ -492,7 +494,9 @@ class Fleet:
         depends on which other clusters are judged with it), so after a `patch`
         only the patched clusters are judged again, and of those not the ones
         whose rejection `stands` (it did not read capacity, the only thing a patch
-        changes). Rejections are kept in a canonical order (by unit, then cluster
+        changes). `again`, when given, judges those instead of `judge`: it may skip
+        what cannot have changed for a cluster that passed, or whose rejection did
+        not stand. Rejections are kept in a canonical order (by unit, then cluster
         name) so that a patched fleet and a fresh one list them alike.
         """
         entry = self._verdicts.get(key)
@@ -510,7 +514,7 @@ class Fleet:
             if not stale:
                 _bounded(self._verdicts)[key] = (self.epoch, passing, rejections)
                 return passing, rejections
-            _, rejected = judge(stale)
+            _, rejected = (again or judge)(stale)
             names = {v.name for v in stale}
             rejections = {n: v for n, v in rejections.items() if n not in names}
             rejections.update(rejected)
