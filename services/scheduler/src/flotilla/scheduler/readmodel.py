@@ -160,9 +160,10 @@ def with_reserved(record: ClusterCapacity, reserved: dict[str, int]) -> ClusterC
     fields = dict(record.__dict__)
     fields["reserved"] = reserved
     object.__setattr__(new, "__dict__", fields)
-    object.__setattr__(
-        new, "__pydantic_fields_set__", record.__pydantic_fields_set__ | {"reserved"}
-    )
+    fields_set = record.__pydantic_fields_set__
+    if "reserved" not in fields_set:
+        fields_set = fields_set | {"reserved"}
+    object.__setattr__(new, "__pydantic_fields_set__", fields_set)  # never changed: shared
     object.__setattr__(new, "__pydantic_extra__", None)
     object.__setattr__(new, "__pydantic_private__", None)
     return new
