@@ -711,3 +711,21 @@ def test_clusters_judged_again_after_a_patch_go_to_the_narrower_judge() -> None:
     assert calls == [("judge", ["a", "b", "c"]), ("again", ["b", "c"])]
     assert [v.name for v in second[0]] == [v.name for v in first[0]] == ["b", "c"]
     assert second[1] == first[1]
+
+
+def test_rejection_reasons_list_names_sorted_and_reasons_by_their_first_name() -> None:
+    """The event's grouping: each reason once, its clusters sorted, the reasons in the
+    order of their first cluster by name (whatever order the verdicts were made in)."""
+    taint = Verdict(Code.UNSCHEDULABLE, "taints", "taint x is not tolerated")
+    cordon = Verdict(Code.UNSCHEDULABLE, "cordon", "cordoned")
+    decision = schedule(make_input(make_pod(), [make_cluster("ok")]))
+    decision = dataclasses.replace(
+        decision, rejections={"d": taint, "b": taint, "c": cordon, "a": cordon, "e": taint}
+    )
+    grouped = decision.rejection_reasons()
+    assert grouped == {
+        "cordon: cordoned": ["a", "c"],
+        "taints: taint x is not tolerated": ["b", "d", "e"],
+    }
+    assert list(grouped) == ["cordon: cordoned", "taints: taint x is not tolerated"]
+    assert str(taint) == taint.text == "taints: taint x is not tolerated"
