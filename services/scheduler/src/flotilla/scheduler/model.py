@@ -374,7 +374,7 @@ class Fleet:
         """Cluster → its capacity record (clusters without one are absent)."""
         self._cluster_digest: dict[str, bytes] = {}
         self._parts: dict[str, bytes] = {}
-        self._base: dict[str, tuple[object, object, object, bytes]] = {}
+        self._base: dict[str, tuple[object, object, object, float, bytes]] = {}
         for cluster in self.clusters:
             name = cluster.metadata.name
             self._cluster_digest[name] = hashlib.sha256(
@@ -419,18 +419,20 @@ class Fleet:
             base is None
             or base[0] is not record.nodes
             or base[1] is not record.available
-            or base[2] != (record.allocatable, record.observed_at)
+            or base[2] != record.allocatable
+            or base[3] != record.observed_at
         ):
             figures = hashlib.sha256(record.model_dump_json(exclude={"reserved"}).encode())
             base = (
                 record.nodes,
                 record.available,
-                (record.allocatable, record.observed_at),
-                figures.digest(),
+                record.allocatable,
+                record.observed_at,
+                self._cluster_digest[name] + b"\x1e" + figures.digest(),
             )
             self._base[name] = base
         reserved = repr(sorted(record.reserved.items())).encode()
-        return hashlib.sha256(self._cluster_digest[name] + b"\x1e" + base[3] + reserved).digest()
+        return hashlib.sha256(base[4] + reserved).digest()
 
     def _fingerprint(self) -> str:
         return hashlib.sha256(b"".join(self._parts.values())).hexdigest()
