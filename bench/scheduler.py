@@ -57,13 +57,17 @@ from flotilla.common.events import (
     ClusterPlacement,
     ObjectRef,
     ResourceAnalyzed,
+    encode,
     envelope,
 )
 from flotilla.common.infra import NatsServer, RedisServer
 from flotilla.common.rediscapacity import RedisCapacityCache
 from flotilla.common.topology import Topology
-from flotilla.scheduler import core
+from flotilla.scheduler import claims, core, state
 from flotilla.scheduler.model import Fleet, SchedulingInput
+from flotilla.scheduler.readmodel import ReadModel
+from flotilla.scheduler.records import ClusterRecord
+from flotilla.scheduler.service import Cause, Scheduler
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 REGIONS = ["us-east", "us-west", "eu-west", "eu-central", "ap-south"]
@@ -256,6 +260,66 @@ def measure(size: int, seconds: float, seed: int = 7) -> dict[str, Any]:
     }
 
 
+# --- one decision's work in process, without I/O ------------------------------------------
+
+
+def measure_decide_path(size: int, objects: int, seed: int = 11) -> dict[str, Any]:
+    """CPU per decision of what `Scheduler.decide` computes between its awaits, in
+    process and without NATS or Redis: ``core.schedule`` on the read model's fleet,
+    the claim plan counted into the read model (patching the fleet, as the service
+    does), the placement record and the ``PlacementDecided`` envelope encoded. The
+    service mix (`make_service_object`); each object decided once, new."""
+    rng = random.Random(seed)
+    clusters, snapshot = make_fleet(size, rng, roomy=True)
+    inputs = [make_service_object(i, rng) for i in range(objects)]
+
+    async def run() -> float:
+        cache = capacity.FakeCapacityCache()
+        for room in snapshot.clusters.values():
+            await cache.put(room)
+        view = state.Clusters()
+        for version, cluster in enumerate(clusters, start=1):
+            name = cluster.metadata.name
+            view.apply(name, ClusterRecord(name=name, revision=1, cluster=cluster), version)
+        read_model = ReadModel(cache, view, max_age=3600.0, slots=asyncio.Semaphore(1))
+        await read_model.fleet(view.version)  # built once, as after a cluster change
+        started = time.process_time()
+        for i, analyzed in enumerate(inputs):
+            key = analyzed.ref.key
+            fleet = await read_model.fleet(view.version)
+            decision = core.schedule(
+                SchedulingInput(
+                    analyzed=analyzed, policy=analyzed.policy_spec, fleet=fleet, now=NOW
+                )
+            )
+            plan = claims.plan(key, analyzed, (), decision.clusters)
+            if plan:
+                read_model.apply(plan)
+                read_model.settled(plan, applied=True)
+            cause = Cause(event_id=f"bench-{i}", uid=f"uid-{i}", generation=0, revision=1)
+            record = Scheduler._record(key, analyzed, cause, None, decision, True, "")
+            assert record is not None
+            record.model_dump_json(by_alias=True)
+            encode(
+                envelope(
+                    record.decided,
+                    key=key,
+                    producer="bench",
+                    uid=record.uid,
+                    revision=1,
+                    dedupe=(record.decided.decision_id,),
+                )
+            )
+        return time.process_time() - started
+
+    cpu = asyncio.run(run())
+    return {
+        "clusters": size,
+        "objects": objects,
+        "cpu_ms_per_decision": round(cpu * 1000 / objects, 3),
+    }
+
+
 # --- the service end to end ------------------------------------------------------------
 
 
@@ -359,8 +423,8 @@ async def _service_run(
 
     sub = await bus.nc.subscribe(f"{prefix}.events.PlacementDecided.>", cb=count)
     try:
-        for record in snapshot.clusters.values():
-            await cache.put(record)
+        for room in snapshot.clusters.values():
+            await cache.put(room)
         await bus.publish_batch(
             [
                 envelope(
@@ -463,6 +527,13 @@ def main() -> None:
         help="one end-to-end service run (default: 10:1:2000, 10:2:2000, 100:1:500)",
     )
     parser.add_argument("--no-service", action="store_true", help="the pure core only")
+    parser.add_argument(
+        "--decide-path",
+        type=int,
+        metavar="OBJECTS",
+        default=1000,
+        help="objects for the in-process decide-path figure per fleet size (0: skip)",
+    )
     args = parser.parse_args()
     sizes = args.clusters or [10, 100, 1000]
     results = [measure(size, args.seconds) for size in sizes]
@@ -471,6 +542,14 @@ def main() -> None:
         "targets": {"100": 5000, "1000": 500},
         "results": results,
     }
+    if args.decide_path:
+        document["decide_path"] = {
+            "benchmark": (
+                "CPU per decision of the service's decide path in process, no I/O "
+                "(core, claim plan into the read model, record and event encoded)"
+            ),
+            "results": [measure_decide_path(size, args.decide_path) for size in sizes],
+        }
     if not args.no_service:
         runs = [
             (int(a), int(b), int(c))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import pytest
@@ -16,6 +16,7 @@ from flotilla.common.api import PlacementState, Strategy
 from flotilla.common.events import ClusterPlacement, PlacementDecided
 from flotilla.scheduler.core import release_retiring, schedule
 from flotilla.scheduler.model import (
+    RECENT_PATCHES,
     ClusterView,
     Code,
     Decision,
@@ -649,3 +650,82 @@ def test_a_capacity_patch_judges_again_only_what_capacity_can_change() -> None:
     assert second[1] == first[1]
     assert patched.verdicts("k", judge, stands=stands) == second
     assert len(judged) == 2  # nothing patched since: the memo answers
+
+
+@pytest.mark.parametrize("patches", [1, RECENT_PATCHES, RECENT_PATCHES + 5])
+def test_memos_catch_up_on_any_number_of_patches_since_they_were_filled(patches: int) -> None:
+    """A memo filled before a run of patches recomputes the clusters they changed,
+    whether the fleet still remembers each patch's names or must scan for them."""
+    clusters = [make_cluster(f"c{i}") for i in range(6)]
+    patched = fleet(*clusters)
+    objects = [make_deployment(replicas=9).with_requests(cpu="500m"), make_daemonset()]
+    for obj in objects:
+        schedule(make_input(obj, patched))
+    records = {c.name: c.record() for c in clusters}
+    for step in range(patches):
+        name = f"c{step % 3}"
+        base = records[name]
+        assert base is not None
+        records[name] = base.model_copy(update={"reserved": {"cpu": 100 * (step + 1), "pods": 1}})
+        patched.patch({name: records[name]})
+    snapshot = capacity.Snapshot(
+        clusters={n: r for n, r in records.items() if r is not None}, taken_at=NOW.timestamp()
+    )
+    fresh = Fleet([c.build() for c in clusters], snapshot)
+    for obj in objects:
+        warm = schedule(make_input(obj, patched))
+        cold = schedule(make_input(obj, fresh))
+        assert warm == cold
+        assert warm.decision_id == cold.decision_id
+
+
+def test_clusters_judged_again_after_a_patch_go_to_the_narrower_judge() -> None:
+    """With `again`, a patched cluster whose earlier verdict may change is judged by it
+    (the filters before the first capacity-reading one are not run again); the whole
+    `judge` runs only for a fleet seen the first time."""
+    clusters = [make_cluster("a").cordoned(), make_cluster("b"), make_cluster("c")]
+    patched = fleet(*clusters)
+    calls: list[tuple[str, list[str]]] = []
+
+    def judging(
+        name: str,
+    ) -> Callable[[Sequence[ClusterView]], tuple[list[ClusterView], Rejections]]:
+        def judge(views: Sequence[ClusterView]) -> tuple[list[ClusterView], Rejections]:
+            calls.append((name, [v.name for v in views]))
+            rejections: Rejections = {}
+            if any(v.name == "a" for v in views):
+                rejections["a"] = Verdict(Code.UNSCHEDULABLE, "cordon", "cordoned")
+            return [v for v in views if v.name not in rejections], rejections
+
+        return judge
+
+    def stands(verdict: Verdict) -> bool:
+        return verdict.unit != "capacity"
+
+    first = patched.verdicts("k", judging("judge"), stands=stands, again=judging("again"))
+    records = {c.name: c.record() for c in clusters}
+    patched.patch(
+        {n: r.model_copy(update={"reserved": {"cpu": 1}}) for n, r in records.items() if r}
+    )
+    second = patched.verdicts("k", judging("judge"), stands=stands, again=judging("again"))
+    assert calls == [("judge", ["a", "b", "c"]), ("again", ["b", "c"])]
+    assert [v.name for v in second[0]] == [v.name for v in first[0]] == ["b", "c"]
+    assert second[1] == first[1]
+
+
+def test_rejection_reasons_list_names_sorted_and_reasons_by_their_first_name() -> None:
+    """The event's grouping: each reason once, its clusters sorted, the reasons in the
+    order of their first cluster by name (whatever order the verdicts were made in)."""
+    taint = Verdict(Code.UNSCHEDULABLE, "taints", "taint x is not tolerated")
+    cordon = Verdict(Code.UNSCHEDULABLE, "cordon", "cordoned")
+    decision = schedule(make_input(make_pod(), [make_cluster("ok")]))
+    decision = dataclasses.replace(
+        decision, rejections={"d": taint, "b": taint, "c": cordon, "a": cordon, "e": taint}
+    )
+    grouped = decision.rejection_reasons()
+    assert grouped == {
+        "cordon: cordoned": ["a", "c"],
+        "taints: taint x is not tolerated": ["b", "d", "e"],
+    }
+    assert list(grouped) == ["cordon: cordoned", "taints: taint x is not tolerated"]
+    assert str(taint) == taint.text == "taints: taint x is not tolerated"

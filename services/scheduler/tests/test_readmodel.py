@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+from flotilla.common import capacity
 from flotilla.common.capacity import Claim
 from flotilla.common.events import ClusterPlacement
 from flotilla.scheduler import claims
-from flotilla.scheduler.readmodel import SyncPoint
+from flotilla.scheduler.readmodel import SyncPoint, with_reserved
 
 from .builders import make_deployment
 
@@ -66,3 +67,18 @@ def test_a_plan_claims_what_changed_releases_what_was_left_and_knows_its_undo() 
     }
     assert plan.clusters == {"b", "c", "gone"}
     assert not claims.plan(key, web, previous, previous)
+
+
+def test_a_record_with_other_reserved_totals_is_the_record_model_copy_gives() -> None:
+    """`with_reserved` skips pydantic's generic copy; what it builds must not differ
+    from ``model_copy`` in anything a fleet or a comparison reads."""
+    record = capacity.uniform("a", {"cpu": 4000, "pods": 10}, 2, observed_at=5.0)
+    reserved = {"cpu": 500, "pods": 1}
+    fast = with_reserved(record, reserved)
+    slow = record.model_copy(update={"reserved": reserved})
+    assert fast == slow
+    assert fast.model_dump_json() == slow.model_dump_json()
+    assert fast.model_fields_set == slow.model_fields_set
+    assert fast.headroom == {"cpu": 7500, "pods": 19}
+    assert fast.nodes is record.nodes  # shared, as the fleet's node-level memo expects
+    assert record.reserved == {}  # the original is untouched

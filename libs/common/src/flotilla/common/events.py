@@ -34,7 +34,7 @@ import typing
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from flotilla.common.api import PlacementPolicySpec, ResourceInterpreterSpec, Strategy
@@ -102,10 +102,16 @@ class PolicyRef(_Model):
     namespace: str | None = None
 
 
+_PlacementStateJson = Annotated[WorkState, PlainSerializer(str, return_type=str, when_used="json")]
+"""A placement's state, written to JSON as the string it is (a `StrEnum`): pydantic
+reads an enum's ``value`` through a Python descriptor, and a copy object's decision
+carries a state per cluster, twice (record and event). Same JSON either way."""
+
+
 class ClusterPlacement(_Model):
     cluster: str
     replicas: int | None = Field(default=None, ge=0)
-    state: WorkState = WorkState.ACTIVE
+    state: _PlacementStateJson = WorkState.ACTIVE
 
 
 # --- payloads -------------------------------------------------------------------

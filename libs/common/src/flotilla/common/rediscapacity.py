@@ -449,19 +449,18 @@ class RedisCapacityCache:
         releases: Sequence[tuple[str, str]] = (),
         check: bool = True,
     ) -> set[str]:
-        for one in claims:
-            validate_reservation(one.per_replica, one.replicas, ttl)
+        # Checked and encoded once per shape: a copy object claims the same requests
+        # (one shared mapping) on every cluster of the fleet.
+        encoded: dict[tuple[int, int], tuple[str, str]] = {}
         args: list[str | int] = [self._prefix, repr(float(ttl)), "1" if check else "0", len(claims)]
         for one in claims:
-            requests = json.dumps(dict(one.per_replica), separators=(",", ":"), sort_keys=True)
-            args.extend(
-                [
-                    one.cluster,
-                    one.reservation_id,
-                    f'{{"requests":{requests},"replicas":{one.replicas}}}',
-                    requests,
-                ]
-            )
+            shape = encoded.get((id(one.per_replica), one.replicas))
+            if shape is None:
+                validate_reservation(one.per_replica, one.replicas, ttl)
+                requests = json.dumps(dict(one.per_replica), separators=(",", ":"), sort_keys=True)
+                shape = (f'{{"requests":{requests},"replicas":{one.replicas}}}', requests)
+                encoded[(id(one.per_replica), one.replicas)] = shape
+            args.extend([one.cluster, one.reservation_id, *shape])
         for cluster, reservation_id in releases:
             args.extend([cluster, reservation_id])
         where = ", ".join(sorted({one.cluster for one in claims} | {c for c, _ in releases}))

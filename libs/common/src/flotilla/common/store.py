@@ -94,10 +94,14 @@ class Unreadable(PermanentError):
 # --- keys ---------------------------------------------------------------------------
 
 _KEY_SAFE = re.compile(r"[-/_a-zA-Z0-9.]")
+_KEY_PLAIN = re.compile(r"[-/_a-zA-Z0-9](?:[-/_a-zA-Z0-9]|\.(?!\.))*(?<!\.)")
+"""A key `encode_key` leaves as it is: only safe characters, no empty token."""
 
 
 def encode_key(key: str) -> str:
     """A string as a KV key: unsafe characters (and ``=``) become ``=XX``."""
+    if _KEY_PLAIN.fullmatch(key):
+        return key  # most keys (every object key): one match, not one per character
     if not key:
         raise ValueError("a store key must not be empty")
     out = []
@@ -118,6 +122,8 @@ def encode_key(key: str) -> str:
 
 def decode_key(text: str) -> str:
     """The inverse of `encode_key`."""
+    if "=" not in text:
+        return text  # nothing was escaped (every object key)
     out = bytearray()
     i = 0
     while i < len(text):

@@ -47,12 +47,19 @@ class Plan:
         return bool(self.claims or self.releases)
 
 
-def shapes(key: str, analyzed: ResourceAnalyzed, placement: ClusterPlacement) -> list[Claim]:
+def shapes(
+    key: str,
+    analyzed: ResourceAnalyzed,
+    placement: ClusterPlacement,
+    requests: Requests | None = None,
+) -> list[Claim]:
     """The reservations one placement holds.
 
     A multi-component object reserves each component under its own id: one
     reservation of the summed set would be judged against single nodes, where a
-    set that spans nodes never fits.
+    set that spans nodes never fits. `requests` is ``dict(analyzed.requests)``
+    when the caller already made it (every claim of a plan shares it; nothing
+    changes a claim's requests).
     """
     cluster = placement.cluster
     if analyzed.components:
@@ -64,7 +71,9 @@ def shapes(key: str, analyzed: ResourceAnalyzed, placement: ClusterPlacement) ->
     replicas = placement.replicas if placement.replicas is not None else 1
     if replicas <= 0:
         return []
-    return [Claim(cluster, key, dict(analyzed.requests), replicas)]
+    return [
+        Claim(cluster, key, requests if requests is not None else dict(analyzed.requests), replicas)
+    ]
 
 
 def reservation_ids(key: str, analyzed: ResourceAnalyzed) -> list[str]:
@@ -72,14 +81,29 @@ def reservation_ids(key: str, analyzed: ResourceAnalyzed) -> list[str]:
     return [key] + [f"{key}#{c.name}" for c in analyzed.components]
 
 
+ACTIVE = PlacementState.ACTIVE
+"""(An enum member read through its class costs a descriptor call; plans test it per cluster.)"""
+
+
 def active(placements: Iterable[ClusterPlacement]) -> dict[str, ClusterPlacement]:
-    return {p.cluster: p for p in placements if p.state is PlacementState.ACTIVE}
+    return {p.cluster: p for p in placements if p.state is ACTIVE}
 
 
-def _total(claims: Iterable[Claim]) -> Requests:
-    return capacity.add(
-        *(capacity.scale(capacity.pod_shape(c.per_replica), c.replicas) for c in claims)
-    )
+def _total(claims: Iterable[Claim], known: dict[tuple[int, int], Requests]) -> Requests:
+    """What `claims` hold together, pod slots included. `known` remembers the total of
+    one claim by (its requests' identity, replicas) for the length of one plan, whose
+    claims share their requests: a copy object claims the same on every cluster."""
+    total: Requests = {}
+    for claim in claims:
+        slot = (id(claim.per_replica), claim.replicas)
+        one = known.get(slot)
+        if one is None:
+            one = known[slot] = capacity.scale(
+                capacity.pod_shape(claim.per_replica), claim.replicas
+            )
+        for resource, amount in one.items():
+            total[resource] = total.get(resource, 0) + amount
+    return total
 
 
 def _by_cluster(claims: Iterable[Claim]) -> dict[str, list[Claim]]:
@@ -105,29 +129,41 @@ def plan(
     """
     before = active(previous)
     was = held_for if held_for is not None else analyzed
+    requests = dict(analyzed.requests)
     claims: list[Claim] = []
     for placement in chosen:
-        if placement.state is not PlacementState.ACTIVE:
+        if placement.state is not ACTIVE:
             continue
         old = before.get(placement.cluster)
         if old is not None and (old.replicas or 0) == (placement.replicas or 0):
             continue
-        claims.extend(shapes(key, analyzed, placement))
+        claims.extend(shapes(key, analyzed, placement, requests))
     kept = {p.cluster for p in chosen}
     left = list(dict.fromkeys(p.cluster for p in previous if p.cluster not in kept))
     releases = [(cluster, rid) for cluster in left for rid in reservation_ids(key, analyzed)]
     touched = list(dict.fromkeys([c.cluster for c in claims] + left))
-    undo_claims = [c for name in touched if name in before for c in shapes(key, was, before[name])]
+    held_requests = dict(was.requests)
+    undo_claims = [
+        c
+        for name in touched
+        if name in before
+        for c in shapes(key, was, before[name], held_requests)
+    ]
     undo_releases = [(c.cluster, c.reservation_id) for c in claims if c.cluster not in before]
     # Grouped once: a copy object claims on every eligible cluster, and scanning every
     # claim per touched cluster made a plan quadratic in the fleet.
     claimed = _by_cluster(claims)
     held_before = _by_cluster(undo_claims)
+    known: dict[tuple[int, int], Requests] = {}
     delta: dict[str, Requests] = {}
     for name in touched:
-        held = _total(held_before.get(name, ()))
-        new = _total(claimed.get(name, ()))
-        change = {r: new.get(r, 0) - held.get(r, 0) for r in new.keys() | held.keys()}
+        new = _total(claimed.get(name, ()), known)
+        held = held_before.get(name)
+        if held is None:
+            delta[name] = {r: amount for r, amount in new.items() if amount}
+            continue
+        old_total = _total(held, known)
+        change = {r: new.get(r, 0) - old_total.get(r, 0) for r in new.keys() | old_total.keys()}
         delta[name] = {r: amount for r, amount in change.items() if amount}
     return Plan(
         claims=tuple(claims),

@@ -129,10 +129,15 @@ def run_filters(ctx: Context) -> tuple[list[ClusterView], Rejections]:
     per_decision = [unit for _, unit in units if unit.key is None]
     key = ("filters", *((name, unit.key(ctx)) for name, unit in units if unit.key is not None))
     reads_capacity = {name for name, unit in units if unit.key is not None and unit.reads_capacity}
+    # A cluster judged again after a patch passed every memoised filter before the
+    # first one that reads capacity (it passed them all, or one that reads capacity
+    # turned it down), and a patch changes nothing those read: they are not run again.
+    first = next((i for i, unit in enumerate(memoised) if unit.reads_capacity), len(memoised))
     passing, rejections = fleet.verdicts(
         key,
         lambda views: _chain(dataclasses.replace(ctx, held={}), memoised, views),
         stands=lambda verdict: verdict.unit not in reads_capacity,
+        again=lambda views: _chain(dataclasses.replace(ctx, held={}), memoised[first:], views),
     )
     held = ctx.held
     if held:

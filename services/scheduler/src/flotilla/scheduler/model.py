@@ -172,6 +172,8 @@ def hash64(text: str) -> int:
 
 def components_key(components: Sequence[Component]) -> str:
     """A hashable form of a component list (a cache key)."""
+    if not components:
+        return "[]"  # most objects: what json.dumps gives, without calling it per decision
     return json.dumps([[c.name, c.replicas, sorted(c.requests.items())] for c in components])
 
 
@@ -200,12 +202,16 @@ class Verdict:
     """One readable line, shown by ``describe``."""
     line: str = field(init=False, repr=False, compare=False)
     """``code:unit:reason``, what the decision id hashes (built once per verdict)."""
+    text: str = field(init=False, repr=False, compare=False)
+    """``unit: reason``, what the event shows (built once: one verdict object is
+    shared by every cluster it rejects, and by every decision of a memoised filter)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "line", f"{self.code}:{self.unit}:{self.reason}")
+        object.__setattr__(self, "text", f"{self.unit}: {self.reason}")
 
     def __str__(self) -> str:
-        return f"{self.unit}: {self.reason}"
+        return self.text
 
 
 Rejections = dict[str, Verdict]
@@ -283,6 +289,24 @@ def _count(free: Mapping[str, int], shape: Mapping[str, int]) -> int:
     return min(counts, default=UNBOUNDED)
 
 
+_Amounts = tuple[tuple[str, int], ...]
+"""A shape's positive amounts, taken out once per `Fleet.fits` call."""
+
+
+def _count_amounts(free: Mapping[str, int], amounts: _Amounts) -> int:
+    """`_count` of a shape given as its positive amounts (the per-cluster loop of
+    `Fleet.fits`, run for every patched cluster and shape after each claim)."""
+    best = UNBOUNDED
+    for resource, amount in amounts:
+        have = free.get(resource, 0)
+        if have <= 0:
+            return 0
+        count = have // amount
+        if count < best:
+            best = count
+    return best
+
+
 def whole_sets(record: CapacityRecord, components: Sequence[Component]) -> int:
     """How many complete sets of ``components`` fit on one cluster (0 when none does).
 
@@ -350,7 +374,7 @@ class Fleet:
         """Cluster → its capacity record (clusters without one are absent)."""
         self._cluster_digest: dict[str, bytes] = {}
         self._parts: dict[str, bytes] = {}
-        self._base: dict[str, tuple[object, object, object, bytes]] = {}
+        self._base: dict[str, tuple[object, object, object, float, bytes]] = {}
         for cluster in self.clusters:
             name = cluster.metadata.name
             self._cluster_digest[name] = hashlib.sha256(
@@ -369,6 +393,8 @@ class Fleet:
         self.epoch = 0
         """Bumped by every `patch`; memos remember the epoch they were filled at."""
         self._changed_at: dict[str, int] = {}
+        self._recent: list[list[str]] = []
+        """The names each of the last `RECENT_PATCHES` patches changed, oldest first."""
         self._selected: dict[str, frozenset[str]] = {}
         self._fits: dict[RequestsKey, tuple[int, dict[str, int]]] = {}
         self._node_fits: dict[tuple[str, RequestsKey], tuple[object, int]] = {}
@@ -393,18 +419,20 @@ class Fleet:
             base is None
             or base[0] is not record.nodes
             or base[1] is not record.available
-            or base[2] != (record.allocatable, record.observed_at)
+            or base[2] != record.allocatable
+            or base[3] != record.observed_at
         ):
             figures = hashlib.sha256(record.model_dump_json(exclude={"reserved"}).encode())
             base = (
                 record.nodes,
                 record.available,
-                (record.allocatable, record.observed_at),
-                figures.digest(),
+                record.allocatable,
+                record.observed_at,
+                self._cluster_digest[name] + b"\x1e" + figures.digest(),
             )
             self._base[name] = base
         reserved = repr(sorted(record.reserved.items())).encode()
-        return hashlib.sha256(self._cluster_digest[name] + b"\x1e" + base[3] + reserved).digest()
+        return hashlib.sha256(base[4] + reserved).digest()
 
     def _fingerprint(self) -> str:
         return hashlib.sha256(b"".join(self._parts.values())).hexdigest()
@@ -436,11 +464,20 @@ class Fleet:
             self._changed_at[name] = self.epoch
         self.views = tuple(views)
         self.fingerprint = self._fingerprint()
+        self._recent.append(changed)
+        if len(self._recent) > RECENT_PATCHES:
+            del self._recent[0]
 
     def _stale(self, epoch: int) -> list[ClusterView]:
         """Views of the clusters patched after `epoch`, in name order."""
-        if epoch == self.epoch:
+        behind = self.epoch - epoch
+        if behind == 0:
             return []
+        if behind <= len(self._recent):
+            # A memo a few patches old: the names those patches touched, not a pass
+            # over the whole fleet.
+            names = {name for patch in self._recent[-behind:] for name in patch}
+            return [self.by_name[name] for name in sorted(names)]
         names = {name for name, at in self._changed_at.items() if at > epoch}
         return [v for v in self.views if v.name in names]
 
@@ -450,6 +487,8 @@ class Fleet:
         judge: Callable[[Sequence[ClusterView]], tuple[list[ClusterView], Rejections]],
         *,
         stands: Callable[[Verdict], bool] | None = None,
+        again: Callable[[Sequence[ClusterView]], tuple[list[ClusterView], Rejections]]
+        | None = None,
     ) -> tuple[list[ClusterView], Rejections]:
         """The memoised verdicts of `judge` over every cluster: (passing, rejections).
 
@@ -457,7 +496,9 @@ class Fleet:
         depends on which other clusters are judged with it), so after a `patch`
         only the patched clusters are judged again, and of those not the ones
         whose rejection `stands` (it did not read capacity, the only thing a patch
-        changes). Rejections are kept in a canonical order (by unit, then cluster
+        changes). `again`, when given, judges those instead of `judge`: it may skip
+        what cannot have changed for a cluster that passed, or whose rejection did
+        not stand. Rejections are kept in a canonical order (by unit, then cluster
         name) so that a patched fleet and a fresh one list them alike.
         """
         entry = self._verdicts.get(key)
@@ -475,7 +516,7 @@ class Fleet:
             if not stale:
                 _bounded(self._verdicts)[key] = (self.epoch, passing, rejections)
                 return passing, rejections
-            _, rejected = judge(stale)
+            _, rejected = (again or judge)(stale)
             names = {v.name for v in stale}
             rejections = {n: v for n, v in rejections.items() if n not in names}
             rejections.update(rejected)
@@ -525,27 +566,53 @@ class Fleet:
 
         The fit rule of ``ClusterCapacity.fit_replicas``, with its node-level half
         remembered per record's node list: a patch that only changed a cluster's
-        reservations recomputes the cluster-level half alone."""
+        reservations recomputes the cluster-level half alone. (One loop, no call per
+        cluster: a copy object's claims patch every cluster, and every shape decided
+        next recomputes them all.)"""
         key = requests_key(per_replica)
-        shape = _shape(per_replica)
-        return self._per_cluster(self._fits, key, lambda view: self._fit(view, key, shape))
-
-    def _fit(self, view: ClusterView, key: RequestsKey, shape: Mapping[str, int]) -> int:
-        record = view.capacity
-        assert record is not None
-        room = self._headroom.get(view.name)
-        if room is None or room[0] is not record:
-            # Once per record, not per shape: `headroom` builds a new dict every call.
-            room = self._headroom[view.name] = (record, record.headroom)
-        cluster_level = _count(room[1], shape)
-        nodes = record.nodes
-        if not nodes:
-            return cluster_level
-        remembered = self._node_fits.get((view.name, key))
-        if remembered is None or remembered[0] is not nodes:
-            remembered = (nodes, sum(_count(node.free, shape) for node in nodes))
-            _bounded(self._node_fits)[(view.name, key)] = remembered
-        return min(remembered[1], cluster_level)
+        entry = self._fits.get(key)
+        if entry is not None and entry[0] == self.epoch:
+            return entry[1]
+        if entry is None:
+            views: Iterable[ClusterView] = self.views
+            values: dict[str, int] = {}
+        else:
+            views = self._stale(entry[0])
+            values = dict(entry[1])
+        amounts = tuple((r, amount) for r, amount in _shape(per_replica).items() if amount > 0)
+        headroom = self._headroom
+        node_fits = self._node_fits
+        for view in views:
+            name = view.name
+            record = view.capacity
+            if record is None:
+                values.pop(name, None)
+                continue
+            room = headroom.get(name)
+            if room is None or room[0] is not record:
+                # Once per record, not per shape: `headroom` builds a new dict every call.
+                room = headroom[name] = (record, record.headroom)
+            free = room[1]
+            fit = UNBOUNDED
+            for resource, amount in amounts:
+                have = free.get(resource, 0)
+                if have <= 0:
+                    fit = 0
+                    break
+                count = have // amount
+                if count < fit:
+                    fit = count
+            nodes = record.nodes
+            if nodes and fit:
+                remembered = node_fits.get((name, key))
+                if remembered is None or remembered[0] is not nodes:
+                    remembered = (nodes, sum(_count_amounts(node.free, amounts) for node in nodes))
+                    _bounded(node_fits)[(name, key)] = remembered
+                if remembered[1] < fit:
+                    fit = remembered[1]
+            values[name] = fit
+        _bounded(self._fits)[key] = (self.epoch, values)
+        return values
 
     def set_fits(self, components: Sequence[Component]) -> Mapping[str, int]:
         """Cluster → how many whole sets of ``components`` fit (see `whole_sets`)."""
@@ -579,6 +646,9 @@ class Fleet:
         _bounded(memo)[key] = (self.epoch, values)
         return values
 
+
+RECENT_PATCHES = 32
+"""Patches a fleet remembers the names of (`Fleet._stale`); older memos scan the fleet."""
 
 MEMO_LIMIT = 4096
 """Entries a per-fleet memo keeps: a fleet lives as long as its clusters do, and
@@ -765,9 +835,16 @@ class Decision:
         """Rejections grouped by reason, the shape `events.PlacementDecided.rejected`
         carries: a hundred clusters turned down for one taint are one line."""
         grouped: dict[str, list[str]] = {}
-        for name, verdict in sorted(self.rejections.items()):
-            grouped.setdefault(str(verdict), []).append(name)
-        return grouped
+        for name, verdict in self.rejections.items():
+            names = grouped.get(verdict.text)
+            if names is None:
+                grouped[verdict.text] = [name]
+            else:
+                names.append(name)
+        for names in grouped.values():
+            names.sort()
+        # Reasons in the order of their first cluster by name, as one sorted pass gave.
+        return dict(sorted(grouped.items(), key=lambda item: item[1][0]))
 
     def to_event(self, previous: Iterable[ClusterPlacement] = ()) -> PlacementDecided:
         """The ``PlacementDecided`` payload for the object this decision is about."""

@@ -449,6 +449,8 @@ class Scheduler:
         return "placement records or clusters not loaded yet"
 
     async def index_ready(self) -> None:
+        if self.placements_view.is_caught_up:
+            return  # every decision asks: no timeout scope once loaded
         await self.placements_view.caught_up(self.sync_timeout)
 
     async def _request(
