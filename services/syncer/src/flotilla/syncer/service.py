@@ -272,7 +272,13 @@ class Syncer:
         query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
         try:
             await rest.call(
-                api, "PATCH", path, query=query, body=manifest, content_type=rest.APPLY_PATCH
+                api,
+                "PATCH",
+                path,
+                query=query,
+                body=manifest,
+                content_type=rest.APPLY_PATCH,
+                decode=False,
             )
         except ApiException as exc:
             if exc.status != 404 or not (resource.namespaced and namespace):
@@ -281,7 +287,13 @@ class Syncer:
             self._namespaces.get(cluster, set()).discard(namespace)
             await self._ensure_namespace(api, cluster, namespace)
             await rest.call(
-                api, "PATCH", path, query=query, body=manifest, content_type=rest.APPLY_PATCH
+                api,
+                "PATCH",
+                path,
+                query=query,
+                body=manifest,
+                content_type=rest.APPLY_PATCH,
+                decode=False,
             )
 
     async def _ensure_namespace(self, api: ApiClient, cluster: str, namespace: str) -> None:
@@ -295,7 +307,7 @@ class Syncer:
                 raise
             body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
             try:
-                await rest.call(api, "POST", "/api/v1/namespaces", body=body)
+                await rest.call(api, "POST", "/api/v1/namespaces", body=body, decode=False)
             except ApiException as created:
                 if created.status != 409:
                     raise
@@ -364,7 +376,7 @@ class Syncer:
             **({"preconditions": {"uid": uid}} if uid else {}),
         }
         try:
-            await rest.call(api, "DELETE", path, body=body)
+            await rest.call(api, "DELETE", path, body=body, decode=False)
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise

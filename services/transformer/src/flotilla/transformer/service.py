@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -185,12 +186,37 @@ class KubeHub:
 
     async def _list(self, kind: str) -> list[JsonObject]:
         resource = await kube.resource_for(self.dyn, api.API_VERSION, kind)
+        listed = await self._read(resource)
+        items: list[JsonObject] = (listed or {}).get("items") or []
+        return items
+
+    async def _read(
+        self, resource: Any, name: str | None = None, namespace: str | None = None
+    ) -> JsonObject | None:
+        """One object (or list) as plain JSON, None when it does not exist.
+
+        Read without the DynamicClient's `ResourceInstance`, which wraps every field of
+        the answer in an object only to be turned back into a dict (`kube.checked`):
+        for the Namespace every render reads, that cost more than the request."""
         try:
-            listed = kube.checked(await self.dyn.get(resource))
+            response = await self.dyn.get(
+                resource,
+                name=name,
+                namespace=namespace if resource.namespaced else None,
+                serialize=False,
+            )
+            async with response:
+                raw = await response.read()
+                if response.status == 404:
+                    return None
+                if response.status >= 300:
+                    exc = ApiException(status=response.status, reason=response.reason)
+                    exc.body = raw
+                    raise exc
         except Exception as exc:
             raise kube.translate(exc) from exc
-        items: list[JsonObject] = listed.get("items") or []
-        return items
+        found: JsonObject = json.loads(raw)
+        return found
 
     async def _list_clusters(self) -> dict[str, ClusterFacts]:
         found = {}
@@ -224,20 +250,7 @@ class KubeHub:
             resource = await kube.resource_for(self.dyn, ref.api_version, ref.kind)
         except InvalidObject:
             return None
-        try:
-            return kube.checked(
-                await self.dyn.get(
-                    resource,
-                    name=ref.name,
-                    namespace=ref.namespace if resource.namespaced else None,
-                )
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise kube.translate(exc) from exc
-        except Exception as exc:
-            raise kube.translate(exc) from exc
+        return await self._read(resource, ref.name, ref.namespace)
 
 
 def cluster_facts(obj: Mapping[str, Any]) -> ClusterFacts:
