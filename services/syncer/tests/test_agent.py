@@ -5,15 +5,21 @@ reports go out: the last of quick changes only, a handler's at once."""
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
+from flotilla.common.api import DECISION_ANNOTATION as DECISION
 from flotilla.common.capacity import ClusterCapacity, FakeCapacityCache
 from flotilla.common.errors import Unavailable
 from flotilla.common.events import Envelope, MemberStatusObserved, ObjectRef
 from flotilla.common.membus import MemoryBus
+from flotilla.syncer import observation
 from flotilla.syncer.agent import ClusterAgent
+from flotilla.syncer.service import WorkRecord
 
 from .builders import deployment
 
@@ -153,4 +159,53 @@ async def test_reports_the_bus_refused_are_published_again() -> None:
             break
         await asyncio.sleep(0.05)
     assert [[r.ref for r in b] for b in bus.batches] == [[WEB, OTHER]]
+    await agent.stop()
+
+
+async def test_status_changes_at_a_checked_generation_are_checked_by_metadata_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    checks: list[bool] = []
+    real = observation.drifted
+
+    def drifted(manifest: Any, live: Any, *, content: bool = True) -> bool:
+        checks.append(content)
+        return real(manifest, live, content=content)
+
+    monkeypatch.setattr(observation, "drifted", drifted)
+    record = WorkRecord(ref=WEB, cluster="east", manifest=deployment(replicas=2))
+    repaired: list[str] = []
+
+    class Works:
+        def work_for(self, cluster: str, obj: Any) -> tuple[str, WorkRecord]:
+            return f"{WEB.key}@east", record
+
+    syncer = StubSyncer(cache=FakeCapacityCache(), bus=RecordingBus())
+    syncer.work_for = Works().work_for  # type: ignore[attr-defined]
+    agent = ClusterAgent("east", syncer)  # type: ignore[arg-type]
+
+    async def repair(key: str, record: WorkRecord, why: str) -> None:
+        repaired.append(why)
+
+    agent.repair = repair  # type: ignore[method-assign]
+    live = copy.deepcopy(record.manifest)
+    live["metadata"].update(generation=1, resourceVersion="1")
+    for available in (0, 1, 2):
+        live["status"] = {"availableReplicas": available}
+        await agent.seen(copy.deepcopy(live))
+    assert checks == [True, False, False] and repaired == []
+    # Someone edits an annotation Flotilla applied (no new generation): seen at once.
+    live["metadata"]["annotations"] = {**live["metadata"]["annotations"], DECISION: "edited"}
+    live["metadata"]["resourceVersion"] = "2"
+    await agent.seen(copy.deepcopy(live))
+    assert repaired == ["edited"]
+    live["metadata"].update(
+        generation=2, resourceVersion="3", labels=record.manifest["metadata"]["labels"]
+    )
+    live["spec"]["replicas"] = 7  # a new generation is compared whole again
+    await agent.seen(copy.deepcopy(live))
+    assert checks[-1] is True and repaired == ["edited", "edited"]
+    agent.forget(f"{WEB.key}@east")
+    await agent.seen(copy.deepcopy(live))
+    assert checks[-1] is True
     await agent.stop()

@@ -94,6 +94,11 @@ class ClusterAgent:
         """Hub key → when its member copy was last reported ready (reservation release)."""
         self._repaired: dict[str, str] = {}
         """Work key → resourceVersion last set back (never twice for one version)."""
+        self._verified: dict[str, tuple[WorkRecord, int]] = {}
+        """Work key → the work and the member object's generation at which all but its
+        metadata read back as applied: until the generation moves, a change (a status
+        update, every few milliseconds while a copy comes up) is checked for drift by
+        its metadata alone (`observation.drifted`)."""
         self.last_success = syncer.clock()
         self.ready: bool | None = None
         self._beats = 0
@@ -181,11 +186,21 @@ class ClusterAgent:
         key, record = found
         if not observation.is_flotillas(obj, record.ref.key):
             return
-        if observation.drifted(record.manifest, obj):
+        generation = observation.metadata(obj).get("generation")
+        verified = self._verified.get(key)
+        content = not (
+            isinstance(generation, int)
+            and verified is not None
+            and verified[0] is record
+            and verified[1] == generation
+        )
+        if observation.drifted(record.manifest, obj, content=content):
             version = str(observation.metadata(obj).get("resourceVersion") or "")
             if self._repaired.get(key) != version:
                 self._repaired[key] = version
                 await self.repair(key, record, "edited")
+        elif content and isinstance(generation, int):
+            self._verified[key] = (record, generation)
         if not record.dependency_of:
             await self.report(key, record.ref, obj)
 
@@ -204,6 +219,11 @@ class ClusterAgent:
                 await self.syncer.apply(api, self.cluster, record.manifest)
         except FlotillaError as exc:
             log.warning("could not set back %s on %s: %s", key, self.cluster, exc)
+
+    def forget(self, key: str) -> None:
+        """Drop what the agent keeps for a work that was removed."""
+        self._verified.pop(key, None)
+        self._repaired.pop(key, None)
 
     async def report(self, key: str, ref: ObjectRef, obj: dict[str, Any] | None) -> None:
         """Report the member status of `ref` within `report_delay` (see the module

@@ -344,6 +344,7 @@ class Syncer:
         # below for someone else's and set the object back. The durable record
         # stays until the member object is gone, so a retry still knows what to delete.
         self._index(key, None)
+        self.agent(work.cluster).forget(key)
         async with self.members.connection(work.cluster) as api:
             try:
                 resource = await rest.resource(api, api_version, kind)
