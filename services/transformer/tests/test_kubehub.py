@@ -69,3 +69,25 @@ async def test_a_refusing_hub_is_a_flotilla_error(kubesim_factory: Any) -> None:
                 await reader.get(ref)
         finally:
             await hub.set_outage(False)
+
+
+async def test_a_clusters_facts_are_read_again_only_when_it_changed(kubesim_factory: Any) -> None:
+    hub = await kubesim_factory("hub", hub=True)
+    async with await kube.client_from_kubeconfig(kubeconfig=hub.kubeconfig()) as api_client:
+        await kube.install_crds(api_client, CRD_DIR.glob("*.yaml"))
+        custom = client.CustomObjectsApi(api_client)
+        for name in ("east", "west"):
+            body = {
+                "apiVersion": api.API_VERSION,
+                "kind": "Cluster",
+                "metadata": {"name": name, "labels": {"region": "us"}},
+                "spec": {},
+            }
+            await custom.create_cluster_custom_object(api.GROUP, api.VERSION, "clusters", body)
+        reader = KubeHub(await DynamicClient(api_client), ttl=0)
+        first = await reader.clusters()
+        patch = [{"op": "replace", "path": "/metadata/labels/region", "value": "eu"}]
+        await custom.patch_cluster_custom_object(api.GROUP, api.VERSION, "clusters", "west", patch)
+        second = await reader.clusters()
+    assert second["east"] is first["east"]  # unchanged: not parsed again
+    assert second["west"].labels == {"region": "eu"} and first["west"].labels == {"region": "us"}

@@ -111,6 +111,9 @@ MAX_ATTEMPTS = 8
 """Reconciliations of one event after lost compare-and-sets before it is retried later."""
 DEPENDENTS_MEMO = 256
 """Dependents records kept parsed (`flotilla.common.store.Store` memo)."""
+OBJECTS_MEMO = 1024
+"""Object records kept parsed: each event of an object reads its record, which
+holds the whole object, and this replica wrote most of them last."""
 DEPENDENCY_OF_SHOWN = 8
 """Dependents a dependency's work names at most (the first by key): enough to see
 why it is there, and a work event stays small whatever the fan-in."""
@@ -168,6 +171,8 @@ class KubeHub:
 
     def __init__(self, dyn: DynamicClient, ttl: float = HUB_CACHE_TTL) -> None:
         self.dyn = dyn
+        self._facts: dict[tuple[str, str], ClusterFacts] = {}
+        """(Cluster name, resourceVersion) → its facts, from the last list."""
         self._clusters = _Cached(ttl, self._list_clusters)
         self._transformations = _Cached(ttl, self._list_transformations)
 
@@ -220,9 +225,16 @@ class KubeHub:
 
     async def _list_clusters(self) -> dict[str, ClusterFacts]:
         found = {}
+        known: dict[tuple[str, str], ClusterFacts] = {}
         for item in await self._list("Cluster"):
-            name = str((item.get("metadata") or {}).get("name"))
-            found[name] = cluster_facts(item)
+            metadata = item.get("metadata") or {}
+            name = str(metadata.get("name"))
+            version = (name, str(metadata.get("resourceVersion") or ""))
+            facts = self._facts.get(version) if version[1] else None
+            found[name] = known[version] = facts or cluster_facts(item)
+        # What the Clusters were at the versions just read: a Cluster's status (its
+        # apiResources, a few hundred entries) is written far less often than read.
+        self._facts = known
         return found
 
     async def _list_transformations(self) -> Catalog:
@@ -388,8 +400,10 @@ class Transformer:
         lacking = rendering.incompatible(
             gvk, await self.hub.clusters(), decision.rejected_clusters()
         )
+        if not lacking:
+            return  # kept off for other reasons (a drained cluster): no record to read
         entry = await self.objects.get(key)
-        if not lacking or entry is None or entry.value.analyzed is None:
+        if entry is None or entry.value.analyzed is None:
             return
         await self._warn(
             entry.value.analyzed.object,
@@ -889,7 +903,9 @@ async def setup(rt: Runtime) -> Transformer:
     transformer = Transformer(
         bus=rt.bus,
         hub=KubeHub(dyn, settings.hub_cache_ttl),
-        objects=await rt.bus.store(rt.bus.topology.bucket("transformer-objects"), ObjectRecord),
+        objects=await rt.bus.store(
+            rt.bus.topology.bucket("transformer-objects"), ObjectRecord, memo=OBJECTS_MEMO
+        ),
         # A namespace's record names every object placed in it and is read and
         # rewritten for each placement: the memo spares parsing what this replica
         # wrote or read last (quadratic in the objects of a namespace otherwise).
