@@ -91,3 +91,30 @@ async def test_a_clusters_facts_are_read_again_only_when_it_changed(kubesim_fact
         second = await reader.clusters()
     assert second["east"] is first["east"]  # unchanged: not parsed again
     assert second["west"].labels == {"region": "eu"} and first["west"].labels == {"region": "us"}
+
+
+async def test_a_types_resource_is_discovered_once(
+    kubesim_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub = await kubesim_factory("hub", hub=True)
+    looked_up: list[tuple[str, str]] = []
+    real = kube.resource_for
+
+    async def resource_for(dyn: DynamicClient, api_version: str, kind: str) -> Any:
+        looked_up.append((api_version, kind))
+        return await real(dyn, api_version, kind)
+
+    monkeypatch.setattr(kube, "resource_for", resource_for)
+    async with await kube.client_from_kubeconfig(kubeconfig=hub.kubeconfig()) as api_client:
+        reader = KubeHub(await DynamicClient(api_client))
+        for name in ("default", "kube-system", "default"):
+            ref = ObjectRef(api_version="v1", kind="Namespace", name=name)
+            assert await reader.get(ref) is not None
+        unknown = ObjectRef(api_version="example.com/v1", kind="Nope", name="x")
+        assert await reader.get(unknown) is None
+        assert await reader.get(unknown) is None  # not served: asked again each time
+    assert looked_up == [
+        ("v1", "Namespace"),
+        ("example.com/v1", "Nope"),
+        ("example.com/v1", "Nope"),
+    ]

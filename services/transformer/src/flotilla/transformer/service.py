@@ -171,6 +171,9 @@ class KubeHub:
 
     def __init__(self, dyn: DynamicClient, ttl: float = HUB_CACHE_TTL) -> None:
         self.dyn = dyn
+        self._resources: dict[tuple[str, str], Any] = {}
+        """(apiVersion, kind) → its discovered resource: the DynamicClient's lookup
+        walks every group it knows, and each render reads its Namespace at least."""
         self._facts: dict[tuple[str, str], ClusterFacts] = {}
         """(Cluster name, resourceVersion) → its facts, from the last list."""
         self._clusters = _Cached(ttl, self._list_clusters)
@@ -189,8 +192,17 @@ class KubeHub:
     def forget(self) -> None:
         self._transformations.forget()
 
+    async def _resource(self, api_version: str, kind: str) -> Any:
+        """The discovered resource of a type (`InvalidObject` when nothing serves it,
+        which is not remembered: a CRD may be installed later)."""
+        found = self._resources.get((api_version, kind))
+        if found is None:
+            found = await kube.resource_for(self.dyn, api_version, kind)
+            self._resources[(api_version, kind)] = found
+        return found
+
     async def _list(self, kind: str) -> list[JsonObject]:
-        resource = await kube.resource_for(self.dyn, api.API_VERSION, kind)
+        resource = await self._resource(api.API_VERSION, kind)
         listed = await self._read(resource)
         items: list[JsonObject] = (listed or {}).get("items") or []
         return items
@@ -259,7 +271,7 @@ class KubeHub:
 
     async def get(self, ref: ObjectRef) -> JsonObject | None:
         try:
-            resource = await kube.resource_for(self.dyn, ref.api_version, ref.kind)
+            resource = await self._resource(ref.api_version, ref.kind)
         except InvalidObject:
             return None
         return await self._read(resource, ref.name, ref.namespace)
