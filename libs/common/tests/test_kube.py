@@ -294,6 +294,61 @@ async def test_inline_tls_material_is_used_from_memory(
     assert list(spill.iterdir()) == []
 
 
+@pytest.mark.integration
+async def test_the_proxy_is_read_from_the_environment_once_when_the_client_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """aiohttp's ``trust_env`` would look the proxy (and ``~/.netrc``) up in a worker
+    thread for every request; a client reads the environment once, when built."""
+    seen: list[tuple[str, str, str]] = []
+    runners: list[web.AppRunner] = []
+
+    async def serve(name: str) -> int:
+        async def version(request: web.Request) -> web.Response:
+            seen.append((name, request.path, request.headers.get("Proxy-Authorization", "")))
+            fields = ("buildDate", "compiler", "gitCommit", "gitTreeState", "goVersion")
+            return web.json_response(
+                {"major": "1", "minor": "31", "gitVersion": "v1.31.0", "platform": name}
+                | dict.fromkeys(fields, "-")
+            )
+
+        app = web.Application()
+        app.router.add_get("/version/", version)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        runners.append(runner)
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return int(runner.addresses[0][1])
+
+    server, proxy = await serve("server"), await serve("proxy")
+    for variable in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(variable, raising=False)
+        monkeypatch.delenv(variable.lower(), raising=False)
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{server}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    }
+    answered = []
+    try:
+        monkeypatch.setenv("HTTP_PROXY", f"http://someone:pw@127.0.0.1:{proxy}")
+        async with await kube.client_from_kubeconfig(kubeconfig=kubeconfig) as proxied:
+            monkeypatch.delenv("HTTP_PROXY")
+            answered.append((await client.VersionApi(proxied).get_code()).platform)
+        async with await kube.client_from_kubeconfig(kubeconfig=kubeconfig) as direct:
+            monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy}")
+            answered.append((await client.VersionApi(direct).get_code()).platform)
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+    credentials = "Basic " + base64.b64encode(b"someone:pw").decode()
+    assert answered == ["proxy", "server"]
+    assert seen == [("proxy", "/version/", credentials), ("server", "/version/", "")]
+
+
 async def test_an_unusable_kubeconfig_is_a_config_error_without_its_secrets() -> None:
     kubeconfig = {
         "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],

@@ -143,3 +143,19 @@ def test_only_flotillas_copy_of_the_same_hub_object_may_be_deleted() -> None:
     unannotated = config_map()
     unannotated["metadata"]["annotations"] = {}
     assert not observation.is_flotillas(unannotated, key)
+
+
+def test_at_a_checked_generation_only_the_metadata_is_compared() -> None:
+    manifest = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "labels": {"flotilla.io/origin": "hub"}},
+        "spec": {"replicas": 2},
+    }
+    live = copy.deepcopy(manifest)
+    live["metadata"]["generation"] = 3
+    live["spec"]["replicas"] = 5
+    assert observation.drifted(manifest, live)
+    assert not observation.drifted(manifest, live, content=False)
+    del live["metadata"]["labels"]["flotilla.io/origin"]
+    assert observation.drifted(manifest, live, content=False)

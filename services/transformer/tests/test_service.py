@@ -538,6 +538,30 @@ async def test_clusters_kept_off_for_lacking_the_type_are_named_in_a_warning(
     ]
 
 
+async def test_a_decision_keeping_an_object_off_for_other_reasons_reads_its_record_once(
+    harness: Harness,
+) -> None:
+    """A drain's decisions all keep the object off the drained cluster: that it
+    serves the type is known from the clusters alone, without the object's record."""
+    harness.hub.cluster_facts.update(
+        {"drained": ClusterFacts("drained"), "new": ClusterFacts("new")}
+    )
+    obj = deployment()
+    await harness.analyze(obj)
+    reads = 0
+    real_get = harness.objects.get
+
+    async def counted(key: str) -> Any:
+        nonlocal reads
+        reads += 1
+        return await real_get(key)
+
+    harness.objects.get = counted  # type: ignore[method-assign]
+    await harness.decide(obj, {"new": 9}, rejections={"drained": ["unschedulable"]})
+    assert reads == 1  # the reconciliation's own
+    assert harness.reporter.warnings == []
+
+
 async def test_the_objects_namespace_goes_first_and_leaves_with_its_last_object(
     harness: Harness,
 ) -> None:

@@ -8,6 +8,13 @@
   work is applied again; a deleted object with a live work record is recreated;
   and each user object's status is reported as ``MemberStatusObserved`` when the
   report differs from the last one sent (dedup), keyed by the hub object.
+- **Reports** wait `Syncer.report_delay` for the next change of the same object and
+  go out together (one pipelined batch): a copy coming up passes through three or
+  four statuses within a few tens of milliseconds, and the aggregator needs only
+  the last (each report is the whole status, so the latest one says it all; the
+  watch lists again after a restart, so a report lost with the process is sent
+  again). A report a handler makes (a removed copy) goes out before the handler
+  returns, after and instead of the one waiting for that object.
 - **The heartbeat**, every ``heartbeat_interval``: list the member's Nodes and Pods,
   write the capacity record (`flotilla.syncer.usage`) to the cache, release the
   scheduler's reservations the record now counts, publish ``CapacityChanged``
@@ -78,10 +85,20 @@ class ClusterAgent:
         self._watches: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._reported: dict[str, str] = {}
         """Work key → fingerprint of the last report sent."""
+        self._pending: dict[str, tuple[ObjectRef, dict[str, Any] | None, float]] = {}
+        """Work key → the latest member object not reported yet, and when it was seen."""
+        self._reporting: asyncio.Task[None] | None = None
+        self._sending = asyncio.Lock()
+        """Held while reports are published: one object's reports leave in order."""
         self._ready_at: dict[str, float] = {}
         """Hub key → when its member copy was last reported ready (reservation release)."""
         self._repaired: dict[str, str] = {}
         """Work key → resourceVersion last set back (never twice for one version)."""
+        self._verified: dict[str, tuple[WorkRecord, int]] = {}
+        """Work key → the work and the member object's generation at which all but its
+        metadata read back as applied: until the generation moves, a change (a status
+        update, every few milliseconds while a copy comes up) is checked for drift by
+        its metadata alone (`observation.drifted`)."""
         self.last_success = syncer.clock()
         self.ready: bool | None = None
         self._beats = 0
@@ -108,9 +125,11 @@ class ClusterAgent:
             )
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._heartbeat, *self._watches.values()) if t is not None]
+        tasks = [
+            t for t in (self._heartbeat, self._reporting, *self._watches.values()) if t is not None
+        ]
         await cancel_and_wait(tasks)
-        self._heartbeat = None
+        self._heartbeat = self._reporting = None
         self._watches.clear()
 
     # --- member objects ------------------------------------------------------------
@@ -167,11 +186,21 @@ class ClusterAgent:
         key, record = found
         if not observation.is_flotillas(obj, record.ref.key):
             return
-        if observation.drifted(record.manifest, obj):
+        generation = observation.metadata(obj).get("generation")
+        verified = self._verified.get(key)
+        content = not (
+            isinstance(generation, int)
+            and verified is not None
+            and verified[0] is record
+            and verified[1] == generation
+        )
+        if observation.drifted(record.manifest, obj, content=content):
             version = str(observation.metadata(obj).get("resourceVersion") or "")
             if self._repaired.get(key) != version:
                 self._repaired[key] = version
                 await self.repair(key, record, "edited")
+        elif content and isinstance(generation, int):
+            self._verified[key] = (record, generation)
         if not record.dependency_of:
             await self.report(key, record.ref, obj)
 
@@ -191,27 +220,85 @@ class ClusterAgent:
         except FlotillaError as exc:
             log.warning("could not set back %s on %s: %s", key, self.cluster, exc)
 
+    def forget(self, key: str) -> None:
+        """Drop what the agent keeps for a work that was removed."""
+        self._verified.pop(key, None)
+        self._repaired.pop(key, None)
+
     async def report(self, key: str, ref: ObjectRef, obj: dict[str, Any] | None) -> None:
-        """Publish the member status of `ref` unless it says what the last report said."""
-        payload = observation.observed(ref, self.cluster, obj)
-        fingerprint = observation.fingerprint(payload)
-        if self._reported.get(key) == fingerprint:
-            return
-        await self.syncer.bus.publish(
-            events.envelope(
-                payload,
-                key=ref.key,
-                producer=self.syncer.bus.producer,
-                generation=payload.generation or 0,
-                dedupe=(self.cluster, fingerprint),
+        """Report the member status of `ref` within `report_delay` (see the module
+        docstring), unless it says what the last report said."""
+        self._pending[key] = (ref, obj, self.syncer.clock())
+        if self._reporting is None or self._reporting.done():
+            self._reporting = asyncio.create_task(
+                self._report_later(), name=f"reports-{self.cluster}"
             )
-        )
-        self._reported[key] = fingerprint
-        if obj is None:
-            self._reported.pop(key, None)
-            self._ready_at.pop(ref.key, None)
-        elif payload.ready:
-            self._ready_at[ref.key] = self.syncer.clock()
+
+    async def report_now(self, key: str, ref: ObjectRef, obj: dict[str, Any] | None) -> None:
+        """Publish the member status of `ref` before returning (a handler's effect),
+        after any report of it already on its way and instead of one still waiting."""
+        async with self._sending:
+            self._pending.pop(key, None)
+            await self._publish({key: (ref, obj, self.syncer.clock())})
+
+    async def flush(self) -> None:
+        """Publish every report still waiting."""
+        async with self._sending:
+            pending, self._pending = self._pending, {}
+            try:
+                await self._publish(pending)
+            except BaseException:
+                for key, report in pending.items():
+                    self._pending.setdefault(key, report)  # unless a newer one came
+                raise
+
+    async def _report_later(self) -> None:
+        delay = self.syncer.report_delay
+        while self._pending:
+            await asyncio.sleep(delay)
+            try:
+                await self.flush()
+                delay = self.syncer.report_delay
+            except Exception as exc:
+                delay = min(max(delay * 2, 0.5), WATCH_RETRY * 8)
+                log.warning(
+                    "status reports of %s not published (%s); again in %.1fs",
+                    self.cluster,
+                    exc,
+                    delay,
+                    exc_info=not isinstance(exc, FlotillaError),
+                )
+
+    async def _publish(
+        self, reports: dict[str, tuple[ObjectRef, dict[str, Any] | None, float]]
+    ) -> None:
+        batch = []
+        sent = []
+        for key, (ref, obj, seen_at) in reports.items():
+            payload = observation.observed(ref, self.cluster, obj)
+            fingerprint = observation.fingerprint(payload)
+            if self._reported.get(key) == fingerprint:
+                continue
+            batch.append(
+                events.envelope(
+                    payload,
+                    key=ref.key,
+                    producer=self.syncer.bus.producer,
+                    generation=payload.generation or 0,
+                    dedupe=(self.cluster, fingerprint),
+                )
+            )
+            sent.append((key, ref, payload.ready, fingerprint, seen_at, obj is None))
+        if not batch:
+            return
+        await self.syncer.bus.publish_batch(batch)
+        for key, ref, ready, fingerprint, seen_at, gone in sent:
+            self._reported[key] = fingerprint
+            if gone:
+                self._reported.pop(key, None)
+                self._ready_at.pop(ref.key, None)
+            elif ready:
+                self._ready_at[ref.key] = seen_at
 
     # --- the heartbeat -----------------------------------------------------------------
 

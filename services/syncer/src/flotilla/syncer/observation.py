@@ -11,7 +11,9 @@ Pure functions over plain dicts, so the rules can be tested without a cluster:
 - `drifted`: whether the live object no longer carries a field Flotilla applied.
   The manifest is exactly the set of fields Flotilla manages (server-side apply
   with field manager ``flotilla``), so every field in it must read back as
-  applied; fields the server or other controllers add are not drift.
+  applied; fields the server or other controllers add are not drift. A caller
+  that checked an object at one ``metadata.generation`` needs only its metadata
+  compared again while the generation stays (a status update changes nothing else).
 """
 
 from __future__ import annotations
@@ -158,11 +160,20 @@ def _covers(applied: Any, live: Any) -> bool:
     return bool(applied == live)
 
 
-def drifted(manifest: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
-    """Whether a field Flotilla applied reads back differently (or is gone)."""
-    applied = {k: v for k, v in manifest.items() if k not in ("status", "metadata")}
+def drifted(manifest: Mapping[str, Any], live: Mapping[str, Any], *, content: bool = True) -> bool:
+    """Whether a field Flotilla applied reads back differently (or is gone).
+
+    `content=False` compares the metadata only, for a caller that saw everything
+    else read back as applied at the live object's ``metadata.generation``: the
+    server moves the generation on any change outside metadata (and status), so
+    at the same generation only labels and annotations can have changed."""
     meta = {k: v for k, v in metadata(manifest).items() if k not in _SERVER_METADATA}
-    return not (_covers(applied, live) and _covers(meta, metadata(live)))
+    if not _covers(meta, metadata(live)):
+        return True
+    if not content:
+        return False
+    applied = {k: v for k, v in manifest.items() if k not in ("status", "metadata")}
+    return not _covers(applied, live)
 
 
 def identity(obj: Mapping[str, Any]) -> tuple[str, str, str, str]:

@@ -5,7 +5,7 @@ of clusters. kubernetes_asyncio's typed APIs cover only built-in kinds, and its
 `DynamicClient` discovers every group of a cluster up front (and caches it in a
 file), so this module keeps the part the syncer needs: the path of one
 (apiVersion, kind) from that group version's discovery document, cached per
-client, and requests through ``ApiClient.call_api`` (auth, TLS and the kit's
+client, and requests through the client's REST layer (auth, TLS and the kit's
 timeouts come with the client). A response of 300 or more raises the
 `ApiException` kubernetes_asyncio would, so the member pool translates it into
 Flotilla's errors; bodies are never preloaded, so none reaches a debug log.
@@ -61,41 +61,53 @@ async def call(
     query: list[tuple[str, Any]] | None = None,
     body: Any = None,
     content_type: str = "application/json",
+    decode: bool = True,
 ) -> JsonObject:
-    """One request; the decoded JSON answer, or `ApiException` for a status >= 300."""
-    response: Any = await api.call_api(
-        path,
-        method,
-        query_params=list(query or []),
-        header_params={"Accept": "application/json", "Content-Type": content_type},
-        body=body,
-        auth_settings=["BearerToken"],
-        _preload_content=False,
-        _return_http_data_only=True,
-    )
+    """One request; the decoded JSON answer (``{}`` unless `decode`: an apply's or a
+    delete's answer is not read), or `ApiException` for a status >= 300."""
+    response: Any = await _request(api, method, path, query or [], content_type, body)
     async with response:
         raw = await response.read()
         if response.status >= 300:
             exc = ApiException(status=response.status, reason=response.reason)
             exc.body = raw
             raise exc
-    decoded: JsonObject = json.loads(raw) if raw else {}
+    decoded: JsonObject = json.loads(raw) if raw and decode else {}
     return decoded
+
+
+async def _request(
+    api: ApiClient,
+    method: str,
+    path: str,
+    query: list[tuple[str, Any]],
+    content_type: str = "application/json",
+    body: Any = None,
+) -> Any:
+    """The response (not read yet) of one request through the client's REST layer.
+
+    ``ApiClient.call_api`` would walk every header, parameter and body (the whole
+    manifest) to make them serialisable, which they already are: the syncer sends
+    plain JSON. Authentication, the client's default headers and its timeouts
+    (`flotilla.common.kube`) are applied as ``call_api`` applies them."""
+    headers = {**api.default_headers, "Accept": "application/json", "Content-Type": content_type}
+    query = list(query)
+    await api.update_params_for_auth(headers, query, ["BearerToken"])
+    return await api.request(
+        method,
+        f"{api.configuration.host}{path}",
+        query_params=query,
+        headers=headers,
+        body=body,
+        _preload_content=False,
+    )
 
 
 async def stream(
     api: ApiClient, path: str, query: list[tuple[str, Any]]
 ) -> AsyncIterator[JsonObject]:
     """The events of one watch (``{"type", "object"}``) until the server ends it."""
-    response: Any = await api.call_api(
-        path,
-        "GET",
-        query_params=[*query, ("watch", "true")],
-        header_params={"Accept": "application/json"},
-        auth_settings=["BearerToken"],
-        _preload_content=False,
-        _return_http_data_only=True,
-    )
+    response: Any = await _request(api, "GET", path, [*query, ("watch", "true")])
     async with response:
         if response.status >= 300:
             exc = ApiException(status=response.status, reason=response.reason)

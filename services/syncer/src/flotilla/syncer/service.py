@@ -85,6 +85,10 @@ SERVICE = "syncer"
 FIELD_MANAGER = "flotilla"
 COMPONENT = "flotilla-syncer"
 WORKS_BUCKET = "syncer-works"
+REPORT_DELAY = 0.1
+"""Seconds a member status report waits for a newer one of the same object
+(`flotilla.syncer.agent`): a copy coming up changes status three or four times
+within a few tens of milliseconds, and only the last needs reporting."""
 
 
 class SyncerSettings(Settings):
@@ -106,6 +110,11 @@ class SyncerSettings(Settings):
     )
     per_cluster: int = Field(
         default=16, ge=1, description="requests in flight at once on one member cluster"
+    )
+    report_delay: float = Field(
+        default=REPORT_DELAY,
+        ge=0,
+        description="seconds a member status report waits for a newer status of its object",
     )
 
 
@@ -139,6 +148,7 @@ class Syncer:
         own_cluster: str | None = None,
         heartbeat_interval: float = 10.0,
         missed_heartbeats: int = 3,
+        report_delay: float = REPORT_DELAY,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.bus = bus
@@ -149,6 +159,7 @@ class Syncer:
         self.own_cluster = own_cluster
         self.heartbeat_interval = heartbeat_interval
         self.missed_heartbeats = missed_heartbeats
+        self.report_delay = report_delay
         self.clock = clock
         self.index: dict[str, WorkRecord] = {}
         self.by_member: dict[tuple[str, tuple[str, str, str, str]], str] = {}
@@ -272,7 +283,13 @@ class Syncer:
         query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
         try:
             await rest.call(
-                api, "PATCH", path, query=query, body=manifest, content_type=rest.APPLY_PATCH
+                api,
+                "PATCH",
+                path,
+                query=query,
+                body=manifest,
+                content_type=rest.APPLY_PATCH,
+                decode=False,
             )
         except ApiException as exc:
             if exc.status != 404 or not (resource.namespaced and namespace):
@@ -281,7 +298,13 @@ class Syncer:
             self._namespaces.get(cluster, set()).discard(namespace)
             await self._ensure_namespace(api, cluster, namespace)
             await rest.call(
-                api, "PATCH", path, query=query, body=manifest, content_type=rest.APPLY_PATCH
+                api,
+                "PATCH",
+                path,
+                query=query,
+                body=manifest,
+                content_type=rest.APPLY_PATCH,
+                decode=False,
             )
 
     async def _ensure_namespace(self, api: ApiClient, cluster: str, namespace: str) -> None:
@@ -295,7 +318,7 @@ class Syncer:
                 raise
             body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
             try:
-                await rest.call(api, "POST", "/api/v1/namespaces", body=body)
+                await rest.call(api, "POST", "/api/v1/namespaces", body=body, decode=False)
             except ApiException as created:
                 if created.status != 409:
                     raise
@@ -321,6 +344,7 @@ class Syncer:
         # below for someone else's and set the object back. The durable record
         # stays until the member object is gone, so a retry still knows what to delete.
         self._index(key, None)
+        self.agent(work.cluster).forget(key)
         async with self.members.connection(work.cluster) as api:
             try:
                 resource = await rest.resource(api, api_version, kind)
@@ -330,7 +354,7 @@ class Syncer:
                 await self._delete(api, resource, namespace, name, work)
         await self.works.delete(key)
         if not work.dependency_of:
-            await self.agent(work.cluster).report(key, work.ref, None)
+            await self.agent(work.cluster).report_now(key, work.ref, None)
 
     async def _delete(
         self,
@@ -364,7 +388,7 @@ class Syncer:
             **({"preconditions": {"uid": uid}} if uid else {}),
         }
         try:
-            await rest.call(api, "DELETE", path, body=body)
+            await rest.call(api, "DELETE", path, body=body, decode=False)
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise
@@ -462,6 +486,7 @@ async def setup(rt: Runtime) -> Syncer:
         own_cluster=settings.syncer_cluster,
         heartbeat_interval=settings.heartbeat_interval,
         missed_heartbeats=settings.missed_heartbeats,
+        report_delay=settings.report_delay,
     )
     rt.on_close(syncer.close)
     rt.spawn("follow-works", syncer.follower.run)

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -110,6 +111,9 @@ MAX_ATTEMPTS = 8
 """Reconciliations of one event after lost compare-and-sets before it is retried later."""
 DEPENDENTS_MEMO = 256
 """Dependents records kept parsed (`flotilla.common.store.Store` memo)."""
+OBJECTS_MEMO = 1024
+"""Object records kept parsed: each event of an object reads its record, which
+holds the whole object, and this replica wrote most of them last."""
 DEPENDENCY_OF_SHOWN = 8
 """Dependents a dependency's work names at most (the first by key): enough to see
 why it is there, and a work event stays small whatever the fan-in."""
@@ -167,6 +171,11 @@ class KubeHub:
 
     def __init__(self, dyn: DynamicClient, ttl: float = HUB_CACHE_TTL) -> None:
         self.dyn = dyn
+        self._resources: dict[tuple[str, str], Any] = {}
+        """(apiVersion, kind) → its discovered resource: the DynamicClient's lookup
+        walks every group it knows, and each render reads its Namespace at least."""
+        self._facts: dict[tuple[str, str], ClusterFacts] = {}
+        """(Cluster name, resourceVersion) → its facts, from the last list."""
         self._clusters = _Cached(ttl, self._list_clusters)
         self._transformations = _Cached(ttl, self._list_transformations)
 
@@ -183,20 +192,61 @@ class KubeHub:
     def forget(self) -> None:
         self._transformations.forget()
 
+    async def _resource(self, api_version: str, kind: str) -> Any:
+        """The discovered resource of a type (`InvalidObject` when nothing serves it,
+        which is not remembered: a CRD may be installed later)."""
+        found = self._resources.get((api_version, kind))
+        if found is None:
+            found = await kube.resource_for(self.dyn, api_version, kind)
+            self._resources[(api_version, kind)] = found
+        return found
+
     async def _list(self, kind: str) -> list[JsonObject]:
-        resource = await kube.resource_for(self.dyn, api.API_VERSION, kind)
+        resource = await self._resource(api.API_VERSION, kind)
+        listed = await self._read(resource)
+        items: list[JsonObject] = (listed or {}).get("items") or []
+        return items
+
+    async def _read(
+        self, resource: Any, name: str | None = None, namespace: str | None = None
+    ) -> JsonObject | None:
+        """One object (or list) as plain JSON, None when it does not exist.
+
+        Read without the DynamicClient's `ResourceInstance`, which wraps every field of
+        the answer in an object only to be turned back into a dict (`kube.checked`):
+        for the Namespace every render reads, that cost more than the request."""
         try:
-            listed = kube.checked(await self.dyn.get(resource))
+            response = await self.dyn.get(
+                resource,
+                name=name,
+                namespace=namespace if resource.namespaced else None,
+                serialize=False,
+            )
+            async with response:
+                raw = await response.read()
+                if response.status == 404:
+                    return None
+                if response.status >= 300:
+                    exc = ApiException(status=response.status, reason=response.reason)
+                    exc.body = raw
+                    raise exc
         except Exception as exc:
             raise kube.translate(exc) from exc
-        items: list[JsonObject] = listed.get("items") or []
-        return items
+        found: JsonObject = json.loads(raw)
+        return found
 
     async def _list_clusters(self) -> dict[str, ClusterFacts]:
         found = {}
+        known: dict[tuple[str, str], ClusterFacts] = {}
         for item in await self._list("Cluster"):
-            name = str((item.get("metadata") or {}).get("name"))
-            found[name] = cluster_facts(item)
+            metadata = item.get("metadata") or {}
+            name = str(metadata.get("name"))
+            version = (name, str(metadata.get("resourceVersion") or ""))
+            facts = self._facts.get(version) if version[1] else None
+            found[name] = known[version] = facts or cluster_facts(item)
+        # What the Clusters were at the versions just read: a Cluster's status (its
+        # apiResources, a few hundred entries) is written far less often than read.
+        self._facts = known
         return found
 
     async def _list_transformations(self) -> Catalog:
@@ -221,23 +271,10 @@ class KubeHub:
 
     async def get(self, ref: ObjectRef) -> JsonObject | None:
         try:
-            resource = await kube.resource_for(self.dyn, ref.api_version, ref.kind)
+            resource = await self._resource(ref.api_version, ref.kind)
         except InvalidObject:
             return None
-        try:
-            return kube.checked(
-                await self.dyn.get(
-                    resource,
-                    name=ref.name,
-                    namespace=ref.namespace if resource.namespaced else None,
-                )
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise kube.translate(exc) from exc
-        except Exception as exc:
-            raise kube.translate(exc) from exc
+        return await self._read(resource, ref.name, ref.namespace)
 
 
 def cluster_facts(obj: Mapping[str, Any]) -> ClusterFacts:
@@ -375,8 +412,10 @@ class Transformer:
         lacking = rendering.incompatible(
             gvk, await self.hub.clusters(), decision.rejected_clusters()
         )
+        if not lacking:
+            return  # kept off for other reasons (a drained cluster): no record to read
         entry = await self.objects.get(key)
-        if not lacking or entry is None or entry.value.analyzed is None:
+        if entry is None or entry.value.analyzed is None:
             return
         await self._warn(
             entry.value.analyzed.object,
@@ -876,7 +915,9 @@ async def setup(rt: Runtime) -> Transformer:
     transformer = Transformer(
         bus=rt.bus,
         hub=KubeHub(dyn, settings.hub_cache_ttl),
-        objects=await rt.bus.store(rt.bus.topology.bucket("transformer-objects"), ObjectRecord),
+        objects=await rt.bus.store(
+            rt.bus.topology.bucket("transformer-objects"), ObjectRecord, memo=OBJECTS_MEMO
+        ),
         # A namespace's record names every object placed in it and is read and
         # rewritten for each placement: the memo spares parsing what this replica
         # wrote or read last (quadratic in the objects of a namespace otherwise).
