@@ -319,3 +319,59 @@ async def test_a_restarted_aggregator_still_knows_every_member(
             return hub if hub.get("status", {}).get("readyReplicas") == 5 else None
 
         await eventually(folded, what="a's new report folded with b's remembered one")
+
+
+async def test_a_changed_fold_is_written_without_reading_the_hub_first(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    """The object this replica last wrote stands in for a read: its resourceVersion
+    is the write's precondition, so a flush that changes something costs the writes only."""
+    async with aggregator(kubesim_factory, nats_server, f"ag{unique}") as s:
+        obj = await s.create(web(3))
+        real_get = s.dyn.get
+        reads = 0
+
+        async def counted_get(*args: Any, **kwargs: Any) -> Any:
+            nonlocal reads
+            reads += 1
+            return await real_get(*args, **kwargs)
+
+        s.app.dyn.get = counted_get  # type: ignore[method-assign]
+        await s.placed(obj, ("a", 3, A))
+        await s.member(obj, "a", replicas=3, readyReplicas=1, availableReplicas=1)
+        await eventually(lambda: s.app.status_writes == 1, what="first write")
+        first = reads
+        await s.member(obj, "a", **FULL)
+
+        async def written() -> dict[str, Any] | None:
+            hub = await s.get(obj)
+            return hub if hub.get("status", {}).get("readyReplicas") == 3 else None
+
+        await eventually(written, what="the second report on the hub")
+        await eventually(lambda: not s.app._flushes, what="every flush done")
+        assert (first, reads, s.app.status_writes) == (1, 1, 2)
+
+
+async def test_a_fold_the_remembered_object_shows_is_checked_against_the_hub(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    """Another writer (a replica that held the partition meanwhile) may have changed
+    the status since this replica wrote it: the hub, not the memory, decides that
+    nothing needs writing."""
+    async with aggregator(kubesim_factory, nats_server, f"ag{unique}") as s:
+        obj = await s.create(web(3))
+        await s.placed(obj, ("a", 3, A))
+        await s.member(obj, "a", **FULL)
+
+        async def shown(ready: int) -> dict[str, Any] | None:
+            hub = await s.get(obj)
+            return hub if hub.get("status", {}).get("readyReplicas") == ready else None
+
+        await eventually(lambda: shown(3), what="the report on the hub")
+        await eventually(lambda: not s.app._flushes, what="every flush done")
+        hub = await s.get(obj)
+        resource = await s.resource(obj)
+        other = {**hub, "status": {**hub["status"], "readyReplicas": 1}}
+        kube.checked(await s.dyn.replace(resource.subresources["status"], body=other, namespace=NS))
+        await s.member(obj, "a", **FULL)  # folds to what this replica wrote before
+        await eventually(lambda: shown(3), what="the fold written over the other writer's")
