@@ -392,16 +392,7 @@ class Aggregator:
                 continue
             try:
                 if write_status:
-                    body = {**obj, "status": folded.status}
-                    obj = await kube.as_json(
-                        await self.dyn.replace(
-                            resource.subresources["status"],
-                            body=body,
-                            name=ref.name,
-                            namespace=ref.namespace,
-                            serialize=False,
-                        )
-                    )
+                    obj = await self._write_status(resource, ref, obj, folded.status)
                     self.status_writes += 1
                 if write_annotations:
                     patch = {
@@ -426,6 +417,29 @@ class Aggregator:
             except Exception as exc:
                 raise kube.translate(exc) from exc
         raise Unavailable(f"{key}: the hub object kept changing under the status write")
+
+    async def _write_status(
+        self, resource: Any, ref: events.ObjectRef, obj: JsonObject, status: JsonObject
+    ) -> JsonObject:
+        """`status` on the status subresource, preconditioned on `obj`'s resourceVersion:
+        a merge patch of what changed (a small body, not the whole object), or the
+        whole object when a merge patch cannot say it."""
+        found = obj.get("status")
+        patch = aggregation.merge_patch_for(found if isinstance(found, dict) else {}, status)
+        subresource = resource.subresources["status"]
+        if patch is not None:
+            version = (obj.get("metadata") or {}).get("resourceVersion")
+            body = {"metadata": {"resourceVersion": version}, "status": patch}
+            return await kube.merge_patch(self.dyn, subresource, body, ref.name, ref.namespace)
+        return await kube.as_json(
+            await self.dyn.replace(
+                subresource,
+                body={**obj, "status": status},
+                name=ref.name,
+                namespace=ref.namespace,
+                serialize=False,
+            )
+        )
 
 
 async def setup(rt: Runtime) -> Aggregator:
