@@ -17,13 +17,17 @@ them and folds each object once more (writes that change nothing are skipped).
 object runs `coalesce_window` seconds later and folds whatever arrived meanwhile
 (`flotilla.aggregator.aggregation.fold`), so nine member reports of a 3/3/3
 Deployment become one hub write. One flush per object writes at a time (what arrives
-meanwhile is folded by the next), so an older fold never lands last. A flush reads
-the hub object, writes the status through the status subresource and the
+meanwhile is folded by the next), so an older fold never lands last. A flush starts
+from the hub object as this replica last wrote it (else it reads it), writes the
+status through the status subresource (a merge patch of what changed) and the
 ``flotilla.io/placement`` and ``flotilla.io/cluster-status`` annotations with a
-merge patch, each only when it differs and each with the read ``resourceVersion`` as
-precondition: a 409 is retried from the latest object. A flush that fails (hub
-unreachable) is retried with backoff; the record is durable, so nothing is lost
-meanwhile.
+merge patch, each only when it differs and each with that ``resourceVersion`` as
+precondition: a 409 is retried from the latest object, and a fold that the
+remembered object already shows is checked against a fresh read before nothing is
+written. A flush that fails (hub unreachable) is retried with backoff; the record
+is durable, so nothing is lost meanwhile. Records are written by compare-and-set
+from the record this replica last wrote, without reading it first (a record
+changed meanwhile costs a `Conflict` and a read).
 
 **Interpreters.** The built-in ones, plus the hub's ResourceInterpreters, listed
 at start and every `interpreter_refresh` seconds (invalid ones are skipped: the

@@ -16,8 +16,10 @@ Handlers (one `Router`, partitioned by key) only *record*:
 
 Object records live in ``drain-objects``, cluster records in ``drain-clusters``;
 every replica follows both. One loop per replica (`Coordinator.run`) plans
-every object whose record or clusters changed, and every object with something
-due, then sleeps until the next due moment or the next change: a drain starts at
+every object whose record changed, or whose clusters changed in what a plan reads
+(`plan_facts`: not the conditions and count this coordinator writes back), and
+every object with something due, then sleeps until the next due moment or the next
+change: a drain starts at
 ``evictAfter``, a failover at the end of the toleration, whatever else arrives or
 not. A plan that changes the record is written by compare-and-set *before* its
 commands (``RescheduleRequested``) are sent, so of two replicas planning the
