@@ -76,7 +76,7 @@ SERVICE = "aggregator"
 COMPONENT = "flotilla-aggregator"
 WRITE_ATTEMPTS = 5
 CAS_ATTEMPTS = 8
-REMEMBERED = 20_000
+REMEMBERED = 10_000
 """Objects whose record and hub object a replica remembers (the least recently
 used are forgotten: they are read again when next needed)."""
 JsonObject = dict[str, Any]
@@ -407,7 +407,7 @@ class Aggregator:
                     }
                     obj = await kube.merge_patch(self.dyn, resource, patch, ref.name, ref.namespace)
                     self.annotation_writes += 1
-                self._hub.put(key, obj)
+                self._hub.put(key, _essentials(obj))
                 return
             except ApiException as exc:
                 if exc.status == 404:
@@ -431,10 +431,17 @@ class Aggregator:
         found = obj.get("status")
         patch = aggregation.merge_patch_for(found if isinstance(found, dict) else {}, status)
         subresource = resource.subresources["status"]
+        version = (obj.get("metadata") or {}).get("resourceVersion")
         if patch is not None:
-            version = (obj.get("metadata") or {}).get("resourceVersion")
             body = {"metadata": {"resourceVersion": version}, "status": patch}
             return await kube.merge_patch(self.dyn, subresource, body, ref.name, ref.namespace)
+        if "kind" not in obj:  # remembered in part (`_essentials`): the whole one is needed
+            whole = await kube.get_or_none(self.dyn, resource, ref.name, ref.namespace)
+            if whole is None:
+                raise ApiException(status=404, reason="NotFound")
+            if (whole.get("metadata") or {}).get("resourceVersion") != version:
+                raise ApiException(status=409, reason="Conflict")
+            obj = whole
         return await kube.as_json(
             await self.dyn.replace(
                 subresource,
@@ -444,6 +451,23 @@ class Aggregator:
                 serialize=False,
             )
         )
+
+
+def _essentials(obj: JsonObject) -> JsonObject:
+    """What the next flush reads of a hub object it remembers: the precondition, the
+    generation, the two annotations and the status (not the spec nor managedFields,
+    which would make a replica's memory grow with the size of every object)."""
+    metadata = obj.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    ours = (PLACEMENT_ANNOTATION, CLUSTER_STATUS_ANNOTATION)
+    return {
+        "metadata": {
+            "resourceVersion": metadata.get("resourceVersion"),
+            "generation": metadata.get("generation"),
+            "annotations": {k: annotations[k] for k in ours if k in annotations},
+        },
+        "status": obj.get("status"),
+    }
 
 
 async def setup(rt: Runtime) -> Aggregator:
