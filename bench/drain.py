@@ -87,7 +87,13 @@ from nats.aio.msg import Msg
 from flotilla.cli import environment
 from flotilla.cli.hub import Hub, is_true, now_rfc3339
 from flotilla.common import builders, events, kube
-from flotilla.common.api import Failover, GroupVersionKind, PlacementState
+from flotilla.common.api import (
+    CLUSTER_STATUS_ANNOTATION,
+    PLACEMENT_ANNOTATION,
+    Failover,
+    GroupVersionKind,
+    PlacementState,
+)
 from flotilla.common.bus import Bus
 from flotilla.common.config import DEFAULT_SYSTEM_NAMESPACE
 from flotilla.common.errors import FlotillaError
@@ -547,6 +553,9 @@ class Prober:
     min_key: str = ""
     below_desired: set[str] = field(default_factory=set)
     below_floor: set[str] = field(default_factory=set)
+    below_floor_seen: list[dict[str, Any]] = field(default_factory=list)
+    """The first few hub states below the floor, with the per-cluster breakdown the
+    aggregator wrote (which copy was missing: not ready, stale, or released)."""
     at_zero: set[str] = field(default_factory=set)
     versions: int = 0
     relists: int = 0
@@ -582,6 +591,18 @@ class Prober:
             self.deficient.discard(name)
         if ready < self.floor:
             self.below_floor.add(name)
+            if len(self.below_floor_seen) < 5:
+                annotations = metadata.get("annotations") or {}
+                self.below_floor_seen.append(
+                    {
+                        "object": name,
+                        "at": self.elapsed(),
+                        "ready": ready,
+                        "resource_version": metadata.get("resourceVersion"),
+                        "placement": annotations.get(PLACEMENT_ANNOTATION),
+                        "cluster_status": annotations.get(CLUSTER_STATUS_ANNOTATION),
+                    }
+                )
         if ready == 0:
             self.at_zero.add(name)
         if (
@@ -994,6 +1015,7 @@ async def measure(fleet: Fleet, opts: RealOptions, target: str) -> dict[str, Any
             "min_ready_object": prober.min_key,
             "objects_ever_below_desired": len(prober.below_desired),
             "objects_ever_below_floor": len(prober.below_floor),
+            "below_floor_seen": prober.below_floor_seen,
             "objects_ever_at_zero": len(prober.at_zero),
             "hub_versions_seen": prober.versions,
             "prober_relists": prober.relists,

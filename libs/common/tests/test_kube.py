@@ -387,3 +387,101 @@ async def test_the_hub_client_follows_the_settings(kubesim_factory: Any, tmp_pat
             await core.list_namespace()
         hub.set_latency(0)
     assert time.monotonic() - started < 1.2
+
+
+@pytest.mark.integration
+async def test_the_proxy_environment_is_read_once_not_per_request(
+    kubesim_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiohttp with ``trust_env`` looks up the proxy variables and ``.netrc`` in a
+    worker thread for every request; the client resolves them once, when built."""
+    import aiohttp.client as aiohttp_client
+
+    hub = await kubesim_factory("hub", hub=True)
+    lookups = 0
+
+    def counted(original: Any) -> Any:
+        def lookup(*args: Any) -> Any:
+            nonlocal lookups
+            lookups += 1
+            return original(*args)
+
+        return lookup
+
+    async with await kube.client_from_kubeconfig(kubeconfig=hub.kubeconfig()) as api:
+        monkeypatch.setattr(
+            aiohttp_client, "get_env_proxy_for_url", counted(aiohttp_client.get_env_proxy_for_url)
+        )
+        monkeypatch.setattr(
+            aiohttp_client, "netrc_from_env", counted(aiohttp_client.netrc_from_env)
+        )
+        core = client.CoreV1Api(api)
+        for _ in range(3):
+            await core.list_namespace()
+    assert lookups == 0
+
+
+@pytest.mark.integration
+async def test_a_proxy_from_the_environment_is_still_honoured(
+    kubesim_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub = await kubesim_factory("hub", hub=True)
+    for name in ("NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # nothing listens there
+    async with await kube.client_from_kubeconfig(kubeconfig=hub.kubeconfig()) as api:
+        with pytest.raises(aiohttp.ClientProxyConnectionError):
+            await client.CoreV1Api(api).list_namespace()
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")  # ... unless the server is exempt
+    async with await kube.client_from_kubeconfig(kubeconfig=hub.kubeconfig()) as api:
+        await client.CoreV1Api(api).list_namespace()
+
+
+@pytest.mark.integration
+async def test_plain_json_answers_and_their_failures(kubesim_factory: Any) -> None:
+    hub = await kubesim_factory("hub", hub=True)
+    async with (
+        await kube.client_from_kubeconfig(kubeconfig=hub.kubeconfig()) as api,
+        DynamicClient(api) as dyn,
+    ):
+        resource = await kube.resource_for(dyn, "v1", "ConfigMap")
+        assert await kube.get_or_none(dyn, resource, "cfg", "default") is None
+        await client.CoreV1Api(api).create_namespaced_config_map(
+            "default", {"metadata": {"name": "cfg"}, "data": {"a": "1"}}
+        )
+        found = await kube.get_or_none(dyn, resource, "cfg", "default")
+        assert type(found) is dict and found["data"] == {"a": "1"}
+        patched = await kube.merge_patch(dyn, resource, {"data": {"b": "2"}}, "cfg", "default")
+        assert patched["data"] == {"a": "1", "b": "2"}
+        stale = {"metadata": {"resourceVersion": found["metadata"]["resourceVersion"]}}
+        with pytest.raises(ApiException) as conflict:
+            await kube.merge_patch(dyn, resource, stale, "cfg", "default")
+        assert conflict.value.status == 409
+        with pytest.raises(ApiException) as missing:
+            await kube.merge_patch(dyn, resource, {"data": {}}, "nothing", "default")
+        assert missing.value.status == 404
+
+
+class _Answer:
+    """An aiohttp response as `kube.as_json` reads it."""
+
+    def __init__(self, status: int, data: bytes) -> None:
+        self.status, self.reason, self.data = status, "Bad Gateway", data
+        self.released = False
+
+    async def read(self) -> bytes:
+        return self.data
+
+    def release(self) -> None:
+        self.released = True
+
+
+async def test_an_answer_that_is_not_json_raises_its_http_status() -> None:
+    answer = _Answer(502, b"<html>proxy error</html>")
+    with pytest.raises(ApiException) as caught:
+        await kube.as_json(answer)
+    assert caught.value.status == 502 and answer.released
+    with pytest.raises(ApiException) as caught:
+        await kube.as_json(_Answer(503, b'{"error": "down"}'))
+    assert caught.value.status == 503
+    assert await kube.as_json(_Answer(200, b'{"kind": "ConfigMap"}')) == {"kind": "ConfigMap"}

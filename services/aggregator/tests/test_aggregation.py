@@ -16,6 +16,7 @@ from flotilla.aggregator.aggregation import (
     fold,
     fold_values,
     merge_conditions,
+    merge_patch_for,
 )
 from flotilla.common.api import (
     AggregationOp,
@@ -420,3 +421,41 @@ def test_a_report_sent_before_the_kept_one_changes_nothing() -> None:
     assert record.with_report(later).members["a"].status == {"readyReplicas": 2}
     untimed = report("a", readyReplicas=0)
     assert record.with_report(untimed).members["a"].status == {"readyReplicas": 0}
+
+
+@pytest.mark.parametrize(
+    ("current", "wanted"),
+    [
+        ({}, {"readyReplicas": 3, "conditions": [{"type": "Available"}]}),
+        ({"readyReplicas": 1, "replicas": 3}, {"readyReplicas": 3, "replicas": 3}),
+        ({"readyReplicas": 1, "gone": 2}, {"readyReplicas": 1}),
+        ({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "d": [None, 1]}}),
+        ({"a": 1}, {"a": {"b": {"c": 1}}}),
+        ({"a": {"b": 1}}, {"a": 2}),
+        ({"conditions": [{"type": "A"}, {"type": "B"}]}, {"conditions": [{"type": "B"}]}),
+    ],
+    ids=[
+        "from-empty",
+        "changed",
+        "removed",
+        "nested",
+        "scalar-to-object",
+        "object-to-scalar",
+        "list-replaced",
+    ],
+)
+def test_a_merge_patch_turns_the_status_shown_into_the_folded_one(
+    current: dict[str, Any], wanted: dict[str, Any]
+) -> None:
+    from flotilla.common.patches import merge_patch
+
+    patch = merge_patch_for(current, wanted)
+    assert patch is not None
+    assert merge_patch({"status": current}, {"status": patch}) == {"status": wanted}
+
+
+def test_a_status_with_a_null_cannot_be_a_merge_patch() -> None:
+    assert merge_patch_for({}, {"a": None}) is None
+    assert merge_patch_for({"a": {}}, {"a": {"b": None}}) is None
+    assert merge_patch_for({}, {"a": [None]}) == {"a": [None]}  # lists are replaced as they are
+    assert merge_patch_for({"a": 1}, {"a": 1}) == {}

@@ -213,10 +213,10 @@ async def test_a_conflicting_hub_write_is_retried_from_the_latest_object(
     async with aggregator(kubesim_factory, nats_server, f"ag{unique}", window=0.3) as s:
         obj = await s.create(web(3))
         resource = await s.resource(obj)
-        real_replace = s.dyn.replace
+        real_write = s.app._write_status
         raced = False
 
-        async def racing_replace(*args: Any, **kwargs: Any) -> Any:
+        async def racing_write(*args: Any, **kwargs: Any) -> Any:
             nonlocal raced
             if not raced:  # someone else changes the object between read and write
                 raced = True
@@ -228,9 +228,9 @@ async def test_a_conflicting_hub_write_is_retried_from_the_latest_object(
                     namespace=NS,
                     content_type="application/merge-patch+json",
                 )
-            return await real_replace(*args, **kwargs)
+            return await real_write(*args, **kwargs)
 
-        s.app.dyn.replace = racing_replace  # type: ignore[method-assign]
+        s.app._write_status = racing_write  # type: ignore[method-assign]
         await s.placed(obj, ("a", 3, A))
         await s.member(obj, "a", **FULL)
 
@@ -251,16 +251,16 @@ async def test_a_slow_flush_is_not_overtaken_by_a_newer_one(
     newer one landed, would otherwise leave the hub showing the older reports."""
     async with aggregator(kubesim_factory, nats_server, f"ag{unique}", window=0.3) as s:
         obj = await s.create(web(3))
-        real_replace = s.dyn.replace
+        real_write = s.app._write_status
         entered, gate = asyncio.Event(), asyncio.Event()
 
-        async def slow_first_replace(*args: Any, **kwargs: Any) -> Any:
+        async def slow_first_write(*args: Any, **kwargs: Any) -> Any:
             if not entered.is_set():  # the first status write hangs until released
                 entered.set()
                 await gate.wait()
-            return await real_replace(*args, **kwargs)
+            return await real_write(*args, **kwargs)
 
-        s.app.dyn.replace = slow_first_replace  # type: ignore[method-assign]
+        s.app._write_status = slow_first_write  # type: ignore[method-assign]
         await s.placed(obj, ("a", 3, A))
         await s.member(obj, "a", replicas=3, readyReplicas=1, availableReplicas=1)
         await asyncio.wait_for(entered.wait(), 30)
@@ -319,3 +319,79 @@ async def test_a_restarted_aggregator_still_knows_every_member(
             return hub if hub.get("status", {}).get("readyReplicas") == 5 else None
 
         await eventually(folded, what="a's new report folded with b's remembered one")
+
+
+async def test_a_changed_fold_is_written_without_reading_the_hub_first(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    """The object this replica last wrote stands in for a read: its resourceVersion
+    is the write's precondition, so a flush that changes something costs the writes only."""
+    async with aggregator(kubesim_factory, nats_server, f"ag{unique}") as s:
+        obj = await s.create(web(3))
+        real_get = s.dyn.get
+        reads = 0
+
+        async def counted_get(*args: Any, **kwargs: Any) -> Any:
+            nonlocal reads
+            reads += 1
+            return await real_get(*args, **kwargs)
+
+        s.app.dyn.get = counted_get  # type: ignore[method-assign]
+        await s.placed(obj, ("a", 3, A))
+        await s.member(obj, "a", replicas=3, readyReplicas=1, availableReplicas=1)
+        await eventually(lambda: s.app.status_writes == 1, what="first write")
+        first = reads
+        await s.member(obj, "a", **FULL)
+
+        async def written() -> dict[str, Any] | None:
+            hub = await s.get(obj)
+            return hub if hub.get("status", {}).get("readyReplicas") == 3 else None
+
+        await eventually(written, what="the second report on the hub")
+        await eventually(lambda: not s.app._flushes, what="every flush done")
+        assert (first, reads, s.app.status_writes) == (1, 1, 2)
+
+
+async def test_a_fold_the_remembered_object_shows_is_checked_against_the_hub(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    """Another writer (a replica that held the partition meanwhile) may have changed
+    the status since this replica wrote it: the hub, not the memory, decides that
+    nothing needs writing."""
+    async with aggregator(kubesim_factory, nats_server, f"ag{unique}") as s:
+        obj = await s.create(web(3))
+        await s.placed(obj, ("a", 3, A))
+        await s.member(obj, "a", **FULL)
+
+        async def shown(ready: int) -> dict[str, Any] | None:
+            hub = await s.get(obj)
+            return hub if hub.get("status", {}).get("readyReplicas") == ready else None
+
+        await eventually(lambda: shown(3), what="the report on the hub")
+        await eventually(lambda: not s.app._flushes, what="every flush done")
+        hub = await s.get(obj)
+        resource = await s.resource(obj)
+        other = {**hub, "status": {**hub["status"], "readyReplicas": 1}}
+        kube.checked(await s.dyn.replace(resource.subresources["status"], body=other, namespace=NS))
+        await s.member(obj, "a", **FULL)  # folds to what this replica wrote before
+        await eventually(lambda: shown(3), what="the fold written over the other writer's")
+
+
+async def test_a_status_with_a_null_is_written_whole(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    """A status is written as a merge patch of what changed, except when it holds a
+    null (a merge patch would remove that field): then the object is written whole."""
+    async with aggregator(kubesim_factory, nats_server, f"ag{unique}") as s:
+        pod = await s.create(manifest("v1", "Pod", pod_spec(container()), name="one", namespace=NS))
+        await s.placed(pod, ("a", 1, A))
+        await s.member(pod, "a", phase="Pending", message="scheduling")
+
+        async def phase(wanted: str) -> dict[str, Any] | None:
+            hub = await s.get(pod)
+            return hub if hub.get("status", {}).get("phase") == wanted else None
+
+        await eventually(lambda: phase("Pending"), what="the Pod's first status")
+        await s.member(pod, "a", phase="Running", message=None)
+        hub = await eventually(lambda: phase("Running"), what="a status holding a null")
+        assert "message" in hub["status"] and hub["status"]["message"] is None

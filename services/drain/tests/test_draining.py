@@ -141,6 +141,15 @@ def test_nothing_happens_before_evict_after_and_the_plan_wakes_at_it() -> None:
     assert again.commands == []
 
 
+def test_a_plan_that_changes_nothing_hands_back_the_record_itself() -> None:
+    """The coordinator tells "nothing to write" by identity, not a deep comparison."""
+    record = web(("a", 3, A), ("b", 3, A))
+    assert plan(record, fleet(drained("a", after=100)), at(50), TIMING).record is record
+    moving = plan(record, fleet(drained("a", after=100)), at(100), TIMING).record
+    assert moving is not record
+    assert plan(moving, fleet(drained("a", after=100)), at(101), TIMING).record is moving
+
+
 def test_cordon_alone_moves_nothing() -> None:
     cordoned = ClusterRecord(name="a", unschedulable=True)
     result = plan(web(("a", 3, A)), fleet(cordoned), at(0), TIMING)

@@ -4,15 +4,14 @@ writes when the views change while it is working."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
 from flotilla.common.api import PlacementState
 from flotilla.common.events import ClusterPlacement, ObjectRef
 from flotilla.common.membus import MemoryBus
-from flotilla.common.store import MemoryBucket, Store
-from flotilla.drain import service
+from flotilla.common.store import Entry, MemoryBucket, Store
+from flotilla.drain import draining, service
 from flotilla.drain.draining import ClusterRecord, ObjectRecord
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -21,16 +20,14 @@ REF = ObjectRef(api_version="apps/v1", kind="Deployment", name="web", namespace=
 
 class Recording(service.Coordinator):
     """Records the cluster records its conditions would be written from; the first
-    plan lets the admin's cordon of "a" arrive while it is awaited."""
+    plan's write lets the admin's cordon of "a" arrive while it is awaited."""
 
     def __init__(self, objects: Store[ObjectRecord], clusters: Store[ClusterRecord]) -> None:
         super().__init__(MemoryBus(), cast(Any, None), objects, clusters)
         self.written: list[ClusterRecord] = []
         self.cordon_during_plan = True
 
-    async def _plan_one(
-        self, key: str, clusters: Mapping[str, ClusterRecord], now: datetime
-    ) -> None:
+    async def _act(self, key: str, entry: Entry[ObjectRecord], result: draining.Plan) -> None:
         if self.cordon_during_plan:
             self.cordon_during_plan = False
             stored = await self.clusters.get("a")
@@ -38,7 +35,7 @@ class Recording(service.Coordinator):
             cordoned = stored.value.model_copy(update={"unschedulable": True, "revision": 2})
             await self.clusters.update("a", cordoned, stored.revision)
             await self.clusters_view.sync(timeout=5)
-        await super()._plan_one(key, clusters, now)
+        await super()._act(key, entry, result)
 
     async def _write_conditions(self, cluster: ClusterRecord, now: datetime) -> None:
         self.written.append(cluster)
@@ -47,7 +44,8 @@ class Recording(service.Coordinator):
 async def test_a_cluster_change_arriving_while_planning_is_written_from_the_news() -> None:
     objects: Store[ObjectRecord] = Store(MemoryBucket(), ObjectRecord)
     clusters: Store[ClusterRecord] = Store(MemoryBucket(), ClusterRecord)
-    await clusters.create("a", ClusterRecord(name="a", revision=1, since=NOW))
+    # Drained at NOW: planning moves the object, so the tick awaits its write.
+    await clusters.create("a", ClusterRecord(name="a", revision=1, since=NOW, evict_after=NOW))
     placed = ClusterPlacement(cluster="a", replicas=3, state=PlacementState.ACTIVE)
     await objects.create(REF.key, ObjectRecord(key=REF.key, ref=REF, clusters=[placed]))
     coordinator = Recording(objects, clusters)

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import aiohttp.helpers
 import yaml
-from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -106,12 +106,6 @@ class _TimedApiClient(ApiClient):
     def __init__(self, configuration: Configuration, timeouts: Timeouts) -> None:
         super().__init__(configuration)
         self.timeouts = timeouts
-        # kubernetes_asyncio opens its session with ``trust_env=True``: aiohttp then
-        # looks up ``~/.netrc`` and the proxy variables in a worker thread on every
-        # request, two thread hops that cost a busy service more CPU than the request.
-        # The proxy is read from the environment once instead (`client_from_kubeconfig`),
-        # and the kubeconfig is the only source of credentials, as for client-go.
-        self.rest_client.pool_manager._trust_env = False
 
     def request(
         self,
@@ -160,14 +154,13 @@ async def client_from_kubeconfig(
     if not isinstance(kubeconfig, dict):
         raise ConfigError("a kubeconfig must be a mapping")
     configuration, material = await _configuration(kubeconfig, context, base_path)
-    if not configuration.proxy:
-        configuration.proxy = env_proxy(str(configuration.host))
     with _memory_files(material) as paths:
         configuration.ssl_ca_cert = paths.get("ca", configuration.ssl_ca_cert)
         configuration.cert_file = paths.get("cert", configuration.cert_file)
         configuration.key_file = paths.get("key", configuration.key_file)
         try:
             api = _TimedApiClient(configuration, timeouts or Timeouts())
+            _environment_read_once(api)
         except (ssl.SSLError, OSError) as exc:
             raise ConfigError(
                 f"the kubeconfig's certificates cannot be loaded: {type(exc).__name__}"
@@ -180,17 +173,41 @@ async def client_from_kubeconfig(
     return api
 
 
-def env_proxy(url: str) -> str | None:
-    """The proxy the environment names for `url` (credentials in its URL), or None:
-    what aiohttp looks up per request with ``trust_env`` (``HTTP_PROXY``,
-    ``HTTPS_PROXY``, ``NO_PROXY``), looked up once, when a client is built."""
-    try:
-        proxy, auth = get_env_proxy_for_url(URL(url))
-    except LookupError:
-        return None
-    if auth is not None:
-        proxy = proxy.with_user(auth.login).with_password(auth.password)
-    return str(proxy)
+READ_BUFSIZE = 2**21
+"""aiohttp's read buffer as kubernetes_asyncio sizes it (a watch event may be large)."""
+
+
+def _environment_read_once(api: ApiClient) -> None:
+    """Resolve the API server's proxy from the environment once, not per request.
+
+    kubernetes_asyncio opens its aiohttp session with ``trust_env=True``, and aiohttp
+    then looks up ``*_PROXY``/``NO_PROXY`` and reads ``~/.netrc`` in a worker thread
+    for *every* request: two thread hops per call, a fifth of a busy service's CPU.
+    The proxy for the server's address is resolved here, as client-go does from the
+    same variables, and the session stops looking (a kubeconfig, not ``.netrc``,
+    carries the credentials)."""
+    rest = api.rest_client
+    session = rest.pool_manager
+    if not session.trust_env:
+        return
+    if not rest.proxy:
+        try:
+            proxy, proxy_auth = aiohttp.helpers.get_env_proxy_for_url(
+                URL(str(api.configuration.host))
+            )
+        except LookupError:
+            pass  # no proxy for this server (none set, or NO_PROXY names it)
+        else:
+            if proxy_auth is not None:
+                # In the URL, not as a header: aiohttp sends proxy_headers only when
+                # it tunnels (CONNECT), but takes credentials from the URL either way.
+                proxy = proxy.with_user(proxy_auth.login).with_password(proxy_auth.password)
+            rest.proxy = str(proxy)
+    connector = session.connector
+    session.detach()  # hands the connection pool over without closing it
+    rest.pool_manager = aiohttp.ClientSession(
+        connector=connector, trust_env=False, read_bufsize=READ_BUFSIZE
+    )
 
 
 async def hub_client(settings: Settings) -> ApiClient:
@@ -346,13 +363,41 @@ def checked(result: Any) -> JsonObject:
 MERGE_PATCH = "application/merge-patch+json"
 
 
+async def as_json(response: Any) -> JsonObject:
+    """The body of a DynamicClient call made with ``serialize=False``, as `checked`
+    returns it.
+
+    Without that flag the DynamicClient wraps every answer in a ``ResourceInstance``
+    (one object per field, built recursively) that `checked` turns back into a dict:
+    most of the CPU of a small request. An answer that is not JSON raises the
+    `ApiException` of its HTTP status."""
+    try:
+        data = await response.read()
+    finally:
+        response.release()
+    try:
+        body = json.loads(data)
+    except ValueError:
+        raise ApiException(status=response.status, reason=response.reason) from None
+    if not isinstance(body, dict):
+        raise ApiException(status=response.status, reason="the answer is not a JSON object")
+    if response.status >= 400 and body.get("kind") != "Status":
+        raise ApiException(status=response.status, reason=response.reason)
+    return checked(body)
+
+
 async def get_or_none(
     dyn: DynamicClient, resource: Any, name: str, namespace: str | None = None
 ) -> JsonObject | None:
     """The object, None when it does not exist, else the failure translated."""
     try:
-        return checked(
-            await dyn.get(resource, name=name, namespace=namespace if resource.namespaced else None)
+        return await as_json(
+            await dyn.get(
+                resource,
+                name=name,
+                namespace=namespace if resource.namespaced else None,
+                serialize=False,
+            )
         )
     except ApiException as exc:
         if exc.status == 404:
@@ -367,8 +412,15 @@ async def merge_patch(
 ) -> JsonObject:
     """A JSON merge patch (RFC 7386); an API failure is raised as the `ApiException`
     it is, so the caller can tell a 404 or 409 from the rest."""
-    return checked(
-        await dyn.patch(resource, patch, name=name, namespace=namespace, content_type=MERGE_PATCH)
+    return await as_json(
+        await dyn.patch(
+            resource,
+            patch,
+            name=name,
+            namespace=namespace,
+            content_type=MERGE_PATCH,
+            serialize=False,
+        )
     )
 
 

@@ -314,3 +314,42 @@ def cluster_status(
                 entry["status"] = summary
         entries.append(entry)
     return compact_json(entries)
+
+
+class _Unsayable(Exception):
+    """A null in an object: a merge patch would read it as "remove the field"."""
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        for inner in value.values():
+            if inner is None:
+                raise _Unsayable
+            _without_nulls(inner)
+    return value
+
+
+def _diff(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> JsonObject:
+    patch: JsonObject = {key: None for key in current if key not in wanted}
+    for key, value in wanted.items():
+        if value is None:
+            raise _Unsayable
+        before = current.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            inner = _diff(before, value)
+            if inner:
+                patch[key] = inner
+        elif key not in current or before != value:
+            patch[key] = _without_nulls(value)
+    return patch
+
+
+def merge_patch_for(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> JsonObject | None:
+    """The JSON merge patch (RFC 7386) that turns `current` into `wanted`, so that a
+    status write sends what changed rather than the whole object; None when a merge
+    patch cannot say it (`wanted` holds a null in an object, which it would read as
+    "remove the field")."""
+    try:
+        return _diff(current, wanted)
+    except _Unsayable:
+        return None

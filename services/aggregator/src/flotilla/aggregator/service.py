@@ -17,13 +17,17 @@ them and folds each object once more (writes that change nothing are skipped).
 object runs `coalesce_window` seconds later and folds whatever arrived meanwhile
 (`flotilla.aggregator.aggregation.fold`), so nine member reports of a 3/3/3
 Deployment become one hub write. One flush per object writes at a time (what arrives
-meanwhile is folded by the next), so an older fold never lands last. A flush reads
-the hub object, writes the status through the status subresource and the
+meanwhile is folded by the next), so an older fold never lands last. A flush starts
+from the hub object as this replica last wrote it (else it reads it), writes the
+status through the status subresource (a merge patch of what changed) and the
 ``flotilla.io/placement`` and ``flotilla.io/cluster-status`` annotations with a
-merge patch, each only when it differs and each with the read ``resourceVersion`` as
-precondition: a 409 is retried from the latest object. A flush that fails (hub
-unreachable) is retried with backoff; the record is durable, so nothing is lost
-meanwhile.
+merge patch, each only when it differs and each with that ``resourceVersion`` as
+precondition: a 409 is retried from the latest object, and a fold that the
+remembered object already shows is checked against a fresh read before nothing is
+written. A flush that fails (hub unreachable) is retried with backoff; the record
+is durable, so nothing is lost meanwhile. Records are written by compare-and-set
+from the record this replica last wrote, without reading it first (a record
+changed meanwhile costs a `Conflict` and a read).
 
 **Interpreters.** The built-in ones, plus the hub's ResourceInterpreters, listed
 at start and every `interpreter_refresh` seconds (invalid ones are skipped: the
@@ -37,7 +41,7 @@ import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.dynamic import DynamicClient
@@ -64,7 +68,7 @@ from flotilla.common.interpreters import (
 )
 from flotilla.common.router import Router
 from flotilla.common.service import Runtime, cancel_and_wait
-from flotilla.common.store import Conflict, Follower, Store
+from flotilla.common.store import Conflict, Entry, Follower, Store
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +76,31 @@ SERVICE = "aggregator"
 COMPONENT = "flotilla-aggregator"
 WRITE_ATTEMPTS = 5
 CAS_ATTEMPTS = 8
+REMEMBERED = 10_000
+"""Objects whose record and hub object a replica remembers (the least recently
+used are forgotten: they are read again when next needed)."""
 JsonObject = dict[str, Any]
+T = TypeVar("T")
+
+
+class Recent(Generic[T]):
+    """At most `size` values by key, the least recently put forgotten first."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: dict[str, T] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, key: str, value: T) -> None:
+        self._items.pop(key, None)
+        self._items[key] = value
+        while len(self._items) > self.size:
+            del self._items[next(iter(self._items))]
+
+    def pop(self, key: str, default: T | None = None) -> T | None:
+        return self._items.pop(key, default)
 
 
 class ClusterReadiness(BaseModel):
@@ -127,6 +155,10 @@ class Aggregator:
         self._again: set[str] = set()
         """Keys to flush once more when their current flush is done."""
         self._flushes: set[asyncio.Task[None]] = set()
+        self._records: Recent[Entry[ObjectReports]] = Recent(REMEMBERED)
+        """key → its record as this replica last wrote it (`_update` starts from it)."""
+        self._hub: Recent[JsonObject] = Recent(REMEMBERED)
+        """key → the hub object as this replica last wrote or read it (`flush`)."""
         self.status_writes = 0
         self.annotation_writes = 0
         self.conflicts = 0
@@ -195,19 +227,34 @@ class Aggregator:
     async def _update(
         self, key: str, change: Callable[[ObjectReports], ObjectReports | None]
     ) -> ObjectReports | None:
-        """Apply `change(record)` by compare-and-set (None from `change`: delete)."""
+        """Apply `change(record)` by compare-and-set (None from `change`: delete).
+
+        The first attempt starts from the record as this replica last wrote or read
+        it, without reading the bucket: a write from it is a compare-and-set, so a
+        record changed meanwhile (another replica) only costs a `Conflict` and a read.
+        A change that writes nothing is only trusted on a record read just now."""
+        known = self._records.pop(key, None)
         for _ in range(CAS_ATTEMPTS):
-            stored = await self.reports.get(key)
+            stored = known if known is not None else await self.reports.get(key)
             current = stored.value if stored else ObjectReports(key=key)
             updated: ObjectReports | None = change(current)
+            if known is not None and updated == current:
+                known = None  # nothing to write: make sure against the bucket
+                continue
+            known = None
             try:
                 if updated is None:
                     if stored is not None:
                         await self.reports.delete(key, stored.revision)
                 elif updated != current or stored is None:
-                    await self.reports.write(key, updated, stored.revision if stored else 0)
+                    revision = await self.reports.write(
+                        key, updated, stored.revision if stored else 0
+                    )
+                    stored = Entry(updated, revision)
             except Conflict:
                 continue
+            if updated is not None and stored is not None:
+                self._records.put(key, stored)
             return updated
         raise Unavailable(f"{key}: the aggregator record kept changing")
 
@@ -216,6 +263,7 @@ class Aggregator:
         key = decided.ref.key
         if decided.deleted:
             await self._update(key, lambda _: None)
+            self._hub.pop(key)
             self._index(ObjectReports(key=key))
             return
         record = await self._update(key, lambda r: r.with_placement(decided))
@@ -293,8 +341,15 @@ class Aggregator:
         await cancel_and_wait(tasks)
 
     async def flush(self, key: str) -> None:
-        """Fold the recorded reports into the hub object (module docstring)."""
+        """Fold the recorded reports into the hub object (module docstring).
+
+        The hub object this replica last wrote (or read) stands in for a fresh read
+        when the fold differs from it: each write names its ``resourceVersion``, so
+        an object changed meanwhile answers 409 and is read again. A fold that the
+        remembered object already shows is checked against a fresh read before
+        nothing is written (another replica may have written since)."""
         stored = await self.reports.get(key)
+        obj = self._hub.pop(key, None)
         if stored is None or stored.value.placement is None:
             return
         record = stored.value
@@ -309,9 +364,11 @@ class Aggregator:
         except InvalidObject:
             return  # the hub no longer serves the type: nothing to write to
         for _ in range(WRITE_ATTEMPTS):
-            obj = await kube.get_or_none(self.dyn, resource, ref.name, ref.namespace)
+            remembered = obj is not None
             if obj is None:
-                return
+                obj = await kube.get_or_none(self.dyn, resource, ref.name, ref.namespace)
+                if obj is None:
+                    return
             metadata = obj.get("metadata") or {}
             found = obj.get("status")
             current_status: JsonObject = found if isinstance(found, dict) else {}
@@ -325,32 +382,32 @@ class Aggregator:
                 hub_generation=metadata.get("generation"),
                 previous_observed=previous if isinstance(previous, int) else None,
             )
+            write_status = current_status != folded.status and bool(
+                resource.subresources.get("status")
+            )
+            annotations = metadata.get("annotations") or {}
+            wanted = {
+                PLACEMENT_ANNOTATION: folded.placement,
+                CLUSTER_STATUS_ANNOTATION: folded.cluster_status,
+            }
+            write_annotations = any(annotations.get(k) != v for k, v in wanted.items())
+            if remembered and not (write_status or write_annotations):
+                obj = None  # nothing to write by the remembered object: read the hub's
+                continue
             try:
-                if current_status != folded.status and resource.subresources.get("status"):
-                    body = {**obj, "status": folded.status}
-                    obj = kube.checked(
-                        await self.dyn.replace(
-                            resource.subresources["status"],
-                            body=body,
-                            name=ref.name,
-                            namespace=ref.namespace,
-                        )
-                    )
+                if write_status:
+                    obj = await self._write_status(resource, ref, obj, folded.status)
                     self.status_writes += 1
-                annotations = (obj.get("metadata") or {}).get("annotations") or {}
-                wanted = {
-                    PLACEMENT_ANNOTATION: folded.placement,
-                    CLUSTER_STATUS_ANNOTATION: folded.cluster_status,
-                }
-                if any(annotations.get(k) != v for k, v in wanted.items()):
+                if write_annotations:
                     patch = {
                         "metadata": {
                             "annotations": wanted,
                             "resourceVersion": (obj.get("metadata") or {}).get("resourceVersion"),
                         }
                     }
-                    await kube.merge_patch(self.dyn, resource, patch, ref.name, ref.namespace)
+                    obj = await kube.merge_patch(self.dyn, resource, patch, ref.name, ref.namespace)
                     self.annotation_writes += 1
+                self._hub.put(key, _essentials(obj))
                 return
             except ApiException as exc:
                 if exc.status == 404:
@@ -358,11 +415,59 @@ class Aggregator:
                 if exc.status != 409:
                     raise kube.translate(exc) from exc
                 self.conflicts += 1
+                obj = None
             except FlotillaError:
                 raise
             except Exception as exc:
                 raise kube.translate(exc) from exc
         raise Unavailable(f"{key}: the hub object kept changing under the status write")
+
+    async def _write_status(
+        self, resource: Any, ref: events.ObjectRef, obj: JsonObject, status: JsonObject
+    ) -> JsonObject:
+        """`status` on the status subresource, preconditioned on `obj`'s resourceVersion:
+        a merge patch of what changed (a small body, not the whole object), or the
+        whole object when a merge patch cannot say it."""
+        found = obj.get("status")
+        patch = aggregation.merge_patch_for(found if isinstance(found, dict) else {}, status)
+        subresource = resource.subresources["status"]
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if patch is not None:
+            body = {"metadata": {"resourceVersion": version}, "status": patch}
+            return await kube.merge_patch(self.dyn, subresource, body, ref.name, ref.namespace)
+        if "kind" not in obj:  # remembered in part (`_essentials`): the whole one is needed
+            whole = await kube.get_or_none(self.dyn, resource, ref.name, ref.namespace)
+            if whole is None:
+                raise ApiException(status=404, reason="NotFound")
+            if (whole.get("metadata") or {}).get("resourceVersion") != version:
+                raise ApiException(status=409, reason="Conflict")
+            obj = whole
+        return await kube.as_json(
+            await self.dyn.replace(
+                subresource,
+                body={**obj, "status": status},
+                name=ref.name,
+                namespace=ref.namespace,
+                serialize=False,
+            )
+        )
+
+
+def _essentials(obj: JsonObject) -> JsonObject:
+    """What the next flush reads of a hub object it remembers: the precondition, the
+    generation, the two annotations and the status (not the spec nor managedFields,
+    which would make a replica's memory grow with the size of every object)."""
+    metadata = obj.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    ours = (PLACEMENT_ANNOTATION, CLUSTER_STATUS_ANNOTATION)
+    return {
+        "metadata": {
+            "resourceVersion": metadata.get("resourceVersion"),
+            "generation": metadata.get("generation"),
+            "annotations": {k: annotations[k] for k in ours if k in annotations},
+        },
+        "status": obj.get("status"),
+    }
 
 
 async def setup(rt: Runtime) -> Aggregator:
@@ -375,7 +480,7 @@ async def setup(rt: Runtime) -> Aggregator:
     topology = rt.bus.topology
     aggregator = Aggregator(
         dyn,
-        await rt.bus.store(topology.bucket("aggregator-reports"), ObjectReports),
+        await rt.bus.store(topology.bucket("aggregator-reports"), ObjectReports, memo=REMEMBERED),
         await rt.bus.store(topology.bucket("aggregator-clusters"), ClusterReadiness),
         window=settings.coalesce_window,
     )

@@ -465,9 +465,12 @@ def plan(
             )
         )
 
-    result.record = record.model_copy(
-        update={"moves": moves, "failed_from": failed_from, "history": history[-timing.history :]}
-    )
+    history = history[-timing.history :]
+    if moves != record.moves or failed_from != record.failed_from or history != record.history:
+        result.record = record.model_copy(
+            update={"moves": moves, "failed_from": failed_from, "history": history}
+        )
+    # else: the record itself, so that "nothing changed" is an identity check
     result.next_at = min(due) if due else None
     return result
 

@@ -16,8 +16,10 @@ Handlers (one `Router`, partitioned by key) only *record*:
 
 Object records live in ``drain-objects``, cluster records in ``drain-clusters``;
 every replica follows both. One loop per replica (`Coordinator.run`) plans
-every object whose record or clusters changed, and every object with something
-due, then sleeps until the next due moment or the next change: a drain starts at
+every object whose record changed, or whose clusters changed in what a plan reads
+(`plan_facts`: not the conditions and count this coordinator writes back), and
+every object with something due, then sleeps until the next due moment or the next
+change: a drain starts at
 ``evictAfter``, a failover at the end of the toleration, whatever else arrives or
 not. A plan that changes the record is written by compare-and-set *before* its
 commands (``RescheduleRequested``) are sent, so of two replicas planning the
@@ -61,7 +63,7 @@ from flotilla.common.dispatch import EventBus, Received
 from flotilla.common.errors import ConfigError, FlotillaError, InvalidObject, Unavailable
 from flotilla.common.router import Router
 from flotilla.common.service import Runtime
-from flotilla.common.store import Conflict, Follower, Store
+from flotilla.common.store import Conflict, Entry, Follower, Store
 from flotilla.drain import draining
 from flotilla.drain.draining import ClusterRecord, Command, Member, ObjectRecord, Timing
 
@@ -122,6 +124,20 @@ def cluster_record(
     )
 
 
+def plan_facts(cluster: ClusterRecord | None) -> tuple[Any, ...] | None:
+    """What `draining.plan` reads of a cluster record: the conditions and placement
+    count it also holds (as the hub shows them) are only for `_write_conditions`."""
+    if cluster is None:
+        return None
+    return (
+        cluster.unschedulable,
+        cluster.evict_after,
+        cluster.ready,
+        cluster.since,
+        tuple(cluster.taints),
+    )
+
+
 def member(observed: events.MemberStatusObserved) -> Member:
     available = observed.status.get("availableReplicas")
     if not isinstance(available, int) or isinstance(available, bool):
@@ -159,6 +175,10 @@ class Coordinator:
         self._dirty: set[str] = set()
         self._dirty_clusters: set[str] = set()
         self._written: dict[str, tuple[list[tuple[str, str, str, str]], int]] = {}
+        self._cluster_facts: dict[str, tuple[Any, ...] | None] = {}
+        """cluster → its `plan_facts` when its objects were last marked for planning."""
+        self._known: dict[str, Entry[ObjectRecord]] = {}
+        """key → the record as this replica last wrote it, until the follower has it."""
         self._wake = asyncio.Event()
         self.commands_sent = 0
 
@@ -183,7 +203,10 @@ class Coordinator:
     def wake(self) -> None:
         self._wake.set()
 
-    def _object_changed(self, key: str, value: ObjectRecord | None, _revision: int) -> None:
+    def _object_changed(self, key: str, value: ObjectRecord | None, revision: int) -> None:
+        known = self._known.get(key)
+        if known is not None and known.revision <= revision:
+            del self._known[key]
         before = self._placed.pop(key, set())
         now = {p.cluster for p in value.clusters} if value is not None else set()
         for cluster in before - now:
@@ -196,14 +219,20 @@ class Coordinator:
         self._dirty_clusters |= before | now
         self.wake()
 
-    def _cluster_changed(self, name: str, _value: ClusterRecord | None, _revision: int) -> None:
+    def _cluster_changed(self, name: str, value: ClusterRecord | None, _revision: int) -> None:
+        self._dirty_clusters.add(name)
+        self.wake()
+        facts = plan_facts(value)
+        if self._cluster_facts.get(name) == facts:
+            # Only what this coordinator wrote back (conditions, the placement
+            # count) changed: no plan reads those, so nothing is planned again.
+            return
+        self._cluster_facts[name] = facts
         self._dirty |= self.by_cluster.get(name, set())
         # Objects that failed over from it may fail back (rare: a scan is fine).
         self._dirty |= {
             k for k, e in self.objects_view.entries.items() if name in e.value.failed_from
         }
-        self._dirty_clusters.add(name)
-        self.wake()
 
     # --- handlers -------------------------------------------------------------------
 
@@ -213,21 +242,45 @@ class Coordinator:
         ref: events.ObjectRef,
         change: Callable[[ObjectRecord], ObjectRecord | None],
     ) -> None:
-        """Apply `change(record)` by compare-and-set (None from `change`: delete)."""
+        """Apply `change(record)` by compare-and-set (None from `change`: delete).
+
+        The first attempt starts from the newest record this replica knows (its
+        follower's, or its own write the follower has not brought back yet) without
+        reading the bucket: a write is a compare-and-set, so a record changed
+        meanwhile costs a `Conflict` and a read. A change that writes nothing is
+        only trusted on a record read just now."""
+        latest = self.latest(key)
         for _ in range(CAS_ATTEMPTS):
-            stored = await self.objects.get(key)
+            stored = latest if latest is not None else await self.objects.get(key)
             current = stored.value if stored else ObjectRecord(key=key, ref=ref)
             updated = change(current)
+            if latest is not None and updated == current:
+                latest = None  # nothing to write: make sure against the bucket
+                continue
+            latest = None
             try:
                 if updated is None:
                     if stored is not None:
                         await self.objects.delete(key, stored.revision)
                 elif stored is None or updated != current:
-                    await self.objects.write(key, updated, stored.revision if stored else 0)
+                    await self._write(key, updated, stored.revision if stored else 0)
             except Conflict:
                 continue
             return
         raise Unavailable(f"{key}: the drain record kept changing")
+
+    def latest(self, key: str) -> Entry[ObjectRecord] | None:
+        """The newest record of `key` this replica has seen or written (None: none)."""
+        seen, written = self.objects_view.get(key), self._known.get(key)
+        if written is None or (seen is not None and seen.revision >= written.revision):
+            return seen
+        return written
+
+    async def _write(self, key: str, record: ObjectRecord, last: int) -> None:
+        revision = await self.objects.write(key, record, last)
+        seen = self.objects_view.get(key)
+        if seen is None or seen.revision < revision:
+            self._known[key] = Entry(record, revision)
 
     async def on_resource_analyzed(self, event: Received[events.ResourceAnalyzed]) -> None:
         analyzed = event.payload
@@ -344,14 +397,21 @@ class Coordinator:
                         await self._wake.wait()
 
     async def tick(self, now: datetime) -> None:
-        """One round: plan what changed or is due, act, then write cluster conditions."""
+        """One round: plan what changed or is due, act, then write cluster conditions.
+
+        Planning is pure and runs inline; only the plans that change a record (a
+        write, then commands) are awaited, `PLAN_CONCURRENCY` at a time."""
         keys = self._dirty | {k for k, t in self._due.items() if t <= now}
         self._dirty = set()
         clusters = {name: entry.value for name, entry in self.clusters_view.entries.items()}
-        ordered = sorted(keys)
-        for start in range(0, len(ordered), PLAN_CONCURRENCY):
-            chunk = ordered[start : start + PLAN_CONCURRENCY]
-            await asyncio.gather(*(self._plan_one(key, clusters, now) for key in chunk))
+        acts = [
+            planned
+            for key in sorted(keys)
+            if (planned := self._plan_one(key, clusters, now)) is not None
+        ]
+        for start in range(0, len(acts), PLAN_CONCURRENCY):
+            chunk = acts[start : start + PLAN_CONCURRENCY]
+            await asyncio.gather(*(self._act(key, entry, result) for key, entry, result in chunk))
         dirty_clusters, self._dirty_clusters = self._dirty_clusters, set()
         for name in sorted(dirty_clusters):
             # Read the record now, not from the snapshot planning used: a change that
@@ -366,16 +426,18 @@ class Coordinator:
                     log.warning("conditions of cluster %s not written: %s", name, exc)
                     self._dirty_clusters.add(name)
 
-    async def _plan_one(
+    def _plan_one(
         self, key: str, clusters: Mapping[str, ClusterRecord], now: datetime
-    ) -> None:
-        entry = self.objects_view.get(key)
+    ) -> tuple[str, Entry[ObjectRecord], draining.Plan] | None:
+        """Plan `key` from the newest record known; what `_act` must carry out, if
+        the plan changes the record."""
+        entry = self.latest(key)
         for stuck in self.stuck.values():
             if stuck.pop(key, None) is not None:
                 self._dirty_clusters |= self._placed.get(key, set())
         if entry is None:
             self._due.pop(key, None)
-            return
+            return None
         result = draining.plan(entry.value, clusters, now, self.timing)
         for cluster, why in result.stuck.items():
             self.stuck[cluster][key] = why
@@ -384,10 +446,14 @@ class Coordinator:
             self._due[key] = result.next_at
         else:
             self._due.pop(key, None)
-        if result.record == entry.value:
-            return
+        if result.record is entry.value or result.record == entry.value:
+            return None
+        return key, entry, result
+
+    async def _act(self, key: str, entry: Entry[ObjectRecord], result: draining.Plan) -> None:
+        """Record the plan by compare-and-set, then send its commands (module docstring)."""
         try:
-            await self.objects.update(key, result.record, entry.revision)
+            await self._write(key, result.record, entry.revision)
         except Conflict:
             self._dirty.add(key)  # someone else moved it on: plan again on the news
             return
@@ -473,13 +539,14 @@ class Coordinator:
         }
         try:
             resource = await kube.resource_for(self.dyn, api.API_VERSION, "Cluster")
-            kube.checked(
+            await kube.as_json(
                 await self.dyn.server_side_apply(
                     resource.subresources["status"],
                     body=body,
                     name=cluster.name,
                     field_manager=FIELD_MANAGER,
                     force_conflicts=True,
+                    serialize=False,
                 )
             )
         except ApiException as exc:
