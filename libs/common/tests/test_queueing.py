@@ -266,3 +266,33 @@ async def _count_along(
     gates["b"].set()
     await asyncio.wait_for(queue.wait_keys_idle(lambda k: k == "b"), 2)
     assert queue.pending == counted() == 0
+
+
+async def test_a_late_delivery_below_what_the_key_did_is_processed_not_dropped() -> None:
+    """After a lease moved, JetStream redelivers #11 (held by the stopped fetcher)
+    once its ack wait ends, when #12 and #13 of the key were already handled: it was
+    never processed here, so it is processed now, late, not acknowledged as a
+    duplicate and lost."""
+    seen: list[int] = []
+    started = asyncio.Event()
+
+    async def process(d: FakeDelivery) -> None:
+        seen.append(d.sequence)
+        if d.sequence == 13:
+            started.set()
+        await asyncio.sleep(0.02)
+
+    queue = make_queue(process)
+    for sequence in (10, 12, 13):
+        queue.submit(FakeDelivery("k", sequence))
+    await asyncio.wait_for(started.wait(), 5)
+    late = FakeDelivery("k", 11)
+    again = FakeDelivery("k", 12)  # and a true redelivery of what was done
+    queue.submit(late)
+    queue.submit(again)
+    await asyncio.wait_for(queue.wait_idle(), 5)
+    await asyncio.sleep(0)
+    assert seen == [10, 12, 13, 11]
+    assert not late.acked_as_duplicate
+    assert again.acked_as_duplicate
+    await queue.drain(1)

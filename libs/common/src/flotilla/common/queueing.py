@@ -12,6 +12,13 @@ redelivery arrives and succeeds, so a retry never lets a newer event overtake an
 older one. If the redelivery does not arrive in time (the partition moved to
 another replica), the key is released rather than stuck forever.
 
+A delivery is skipped as a duplicate only when this queue processed that very
+sequence while its key was active. A sequence *below* what the key already did is
+not a duplicate: after a partition lease moved, JetStream redelivers a message the
+stopped fetcher held once its ack wait ends, after later messages of the key were
+handled. It is processed late (handlers are idempotent and level-triggered, and
+tolerate a late event) rather than acknowledged unprocessed and lost.
+
 Pure asyncio, no NATS: it is tested with fake deliveries.
 """
 
@@ -57,7 +64,8 @@ class _Key(Generic[D]):
     running: D | None = None
     parked_on: int | None = None
     parked_until: float = 0.0
-    last_done: int = 0
+    done: set[int] = field(default_factory=set)
+    """Sequences processed while the key was active (forgotten with the key)."""
 
 
 class KeyedQueue(Generic[D]):
@@ -99,7 +107,7 @@ class KeyedQueue(Generic[D]):
             self._spawn(self._release(delivery))
             return
         state = self._keys.setdefault(delivery.key, _Key())
-        if delivery.sequence <= state.last_done:
+        if delivery.sequence in state.done:
             self._spawn(self._duplicate(delivery))
             return
         if state.parked_on == delivery.sequence:
@@ -132,7 +140,7 @@ class KeyedQueue(Generic[D]):
                 state.parked_until = time.monotonic() + outcome.delay + self._park_grace
                 state.running = None
                 break
-            state.last_done = max(state.last_done, delivery.sequence)
+            state.done.add(delivery.sequence)
             self._progress.set()
             state.running = self._next(state)
         self._forget_if_idle(key, state)
@@ -141,7 +149,7 @@ class KeyedQueue(Generic[D]):
         """The next waiting delivery, skipping redeliveries of what is already done."""
         while state.waiting and not self._closing:
             candidate = state.waiting.popleft()
-            if candidate.sequence > state.last_done:
+            if candidate.sequence not in state.done:
                 return candidate
             self._pending -= 1
             self._spawn(self._duplicate(candidate))
