@@ -281,7 +281,8 @@ class Syncer:
             await self._ensure_namespace(api, cluster, namespace)
         path = resource.path(namespace if resource.namespaced else None, name)
         query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
-        try:
+
+        async def patch() -> None:
             await rest.call(
                 api,
                 "PATCH",
@@ -291,21 +292,16 @@ class Syncer:
                 content_type=rest.APPLY_PATCH,
                 decode=False,
             )
+
+        try:
+            await patch()
         except ApiException as exc:
             if exc.status != 404 or not (resource.namespaced and namespace):
                 raise
             # The namespace went away since it was seen: create it again, once.
             self._namespaces.get(cluster, set()).discard(namespace)
             await self._ensure_namespace(api, cluster, namespace)
-            await rest.call(
-                api,
-                "PATCH",
-                path,
-                query=query,
-                body=manifest,
-                content_type=rest.APPLY_PATCH,
-                decode=False,
-            )
+            await patch()
 
     async def _ensure_namespace(self, api: ApiClient, cluster: str, namespace: str) -> None:
         known = self._namespaces.setdefault(cluster, set())
