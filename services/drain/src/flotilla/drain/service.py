@@ -91,8 +91,14 @@ class DrainSettings(Settings):
     drain_timeout: float = Field(
         default=600.0, ge=0, description="seconds a drained copy waits for its replacement"
     )
-    stuck_after: float = Field(default=5.0, ge=0)
-    retry_interval: float = Field(default=30.0, gt=0)
+    stuck_after: float = Field(
+        default=5.0,
+        ge=0,
+        description="seconds before an object no other cluster takes is named in Draining",
+    )
+    retry_interval: float = Field(
+        default=30.0, gt=0, description="seconds before an unanswered move is asked again"
+    )
     max_sleep: float = Field(
         default=5.0, gt=0, description="the loop looks again at least this often"
     )
