@@ -1127,6 +1127,8 @@ def main() -> None:
         profile=args.profile,
         state=state,
     )
+    # SIGTERM unwinds like Ctrl-C, so the installation's processes are stopped too.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     result = asyncio.run(run_real(options))
     result["state_dir"] = str(state)
     for data in ("nats", "redis"):
