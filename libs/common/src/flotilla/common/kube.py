@@ -387,9 +387,10 @@ async def as_json(response: Any) -> JsonObject:
 
 
 async def get_or_none(
-    dyn: DynamicClient, resource: Any, name: str, namespace: str | None = None
+    dyn: DynamicClient, resource: Any, name: str | None = None, namespace: str | None = None
 ) -> JsonObject | None:
-    """The object, None when it does not exist, else the failure translated."""
+    """The object (without `name`: the list), as plain JSON; None when it does not
+    exist, else the failure translated."""
     try:
         return await as_json(
             await dyn.get(

@@ -64,14 +64,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.dynamic import DynamicClient
 from pydantic import Field, ValidationError
 
@@ -203,37 +201,9 @@ class KubeHub:
 
     async def _list(self, kind: str) -> list[JsonObject]:
         resource = await self._resource(api.API_VERSION, kind)
-        listed = await self._read(resource)
+        listed = await kube.get_or_none(self.dyn, resource)
         items: list[JsonObject] = (listed or {}).get("items") or []
         return items
-
-    async def _read(
-        self, resource: Any, name: str | None = None, namespace: str | None = None
-    ) -> JsonObject | None:
-        """One object (or list) as plain JSON, None when it does not exist.
-
-        Read without the DynamicClient's `ResourceInstance`, which wraps every field of
-        the answer in an object only to be turned back into a dict (`kube.checked`):
-        for the Namespace every render reads, that cost more than the request."""
-        try:
-            response = await self.dyn.get(
-                resource,
-                name=name,
-                namespace=namespace if resource.namespaced else None,
-                serialize=False,
-            )
-            async with response:
-                raw = await response.read()
-                if response.status == 404:
-                    return None
-                if response.status >= 300:
-                    exc = ApiException(status=response.status, reason=response.reason)
-                    exc.body = raw
-                    raise exc
-        except Exception as exc:
-            raise kube.translate(exc) from exc
-        found: JsonObject = json.loads(raw)
-        return found
 
     async def _list_clusters(self) -> dict[str, ClusterFacts]:
         found = {}
@@ -274,7 +244,7 @@ class KubeHub:
             resource = await self._resource(ref.api_version, ref.kind)
         except InvalidObject:
             return None
-        return await self._read(resource, ref.name, ref.namespace)
+        return await kube.get_or_none(self.dyn, resource, ref.name, ref.namespace)
 
 
 def cluster_facts(obj: Mapping[str, Any]) -> ClusterFacts:
