@@ -9,8 +9,8 @@ from typing import Any, cast
 from kubernetes_asyncio.dynamic import DynamicClient
 
 from flotilla.aggregator.aggregation import MemberReport, ObjectReports
-from flotilla.aggregator.service import Aggregator, ClusterReadiness, Recent
-from flotilla.common.store import MemoryBucket, Store
+from flotilla.aggregator.service import Aggregator, ClusterReadiness
+from flotilla.common.store import MemoryBucket, Recent, Store
 
 KEY = "apps/v1/Deployment/shop/web"
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

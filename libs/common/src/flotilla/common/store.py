@@ -199,6 +199,33 @@ Change = tuple[str, Entry[M] | None, int]
 """(key, the entry or None when deleted, revision): one change a follower applies."""
 
 
+V = TypeVar("V")
+
+
+class Recent(Generic[V]):
+    """At most `size` values by key, the least recently put forgotten first (a
+    memo's bound: what is forgotten is read again when next needed)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: dict[str, V] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: str) -> V | None:
+        return self._items.get(key)
+
+    def put(self, key: str, value: V) -> None:
+        self._items.pop(key, None)
+        self._items[key] = value
+        while len(self._items) > self.size:
+            del self._items[next(iter(self._items))]
+
+    def pop(self, key: str, default: V | None = None) -> V | None:
+        return self._items.pop(key, default)
+
+
 class Store(Generic[M]):
     """Records of one pydantic model in one bucket (see the module docstring)."""
 
@@ -210,7 +237,7 @@ class Store(Generic[M]):
         """Key → the bytes and value this store last wrote there, while a watch runs
         to see them come back (taken out when they do)."""
         self.memo = memo
-        self._memo: dict[str, tuple[bytes, M]] = {}
+        self._memo: Recent[tuple[bytes, M]] = Recent(memo)
         """Key → the bytes and value last read or written there, for the `memo` keys
         used last: a `get` that reads the same bytes again hands back that value instead
         of parsing them. For a store whose callers never change a value they got, with
@@ -227,12 +254,8 @@ class Store(Generic[M]):
         return data
 
     def _remember(self, key: str, data: bytes, value: M) -> None:
-        if not self.memo:
-            return
-        self._memo.pop(key, None)
-        self._memo[key] = (data, value)
-        while len(self._memo) > self.memo:
-            del self._memo[next(iter(self._memo))]
+        if self.memo:
+            self._memo.put(key, (data, value))
 
     def _parse(self, key: str, data: bytes) -> M:
         try:

@@ -41,7 +41,7 @@ import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.dynamic import DynamicClient
@@ -68,7 +68,7 @@ from flotilla.common.interpreters import (
 )
 from flotilla.common.router import Router
 from flotilla.common.service import Runtime, cancel_and_wait
-from flotilla.common.store import Conflict, Entry, Follower, Store
+from flotilla.common.store import Conflict, Entry, Follower, Recent, Store
 
 log = logging.getLogger(__name__)
 
@@ -80,27 +80,6 @@ REMEMBERED = 10_000
 """Objects whose record and hub object a replica remembers (the least recently
 used are forgotten: they are read again when next needed)."""
 JsonObject = dict[str, Any]
-T = TypeVar("T")
-
-
-class Recent(Generic[T]):
-    """At most `size` values by key, the least recently put forgotten first."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: dict[str, T] = {}
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def put(self, key: str, value: T) -> None:
-        self._items.pop(key, None)
-        self._items[key] = value
-        while len(self._items) > self.size:
-            del self._items[next(iter(self._items))]
-
-    def pop(self, key: str, default: T | None = None) -> T | None:
-        return self._items.pop(key, default)
 
 
 class ClusterReadiness(BaseModel):
