@@ -188,6 +188,19 @@ async def test_nine_replicas_three_ways_one_write_and_a_dead_member_goes_stale(
         await eventually(lambda: not s.app._pending, what="no flush pending")
         assert (s.app.status_writes, s.app.annotation_writes) == (1, 1)
 
+        # Every version of the hub object from here on is watched: a reader must never
+        # find the new sums beside the old breakdown (the annotations are written first).
+        versions: list[dict[str, Any]] = []
+
+        async def record_versions() -> None:
+            since = hub["metadata"]["resourceVersion"]
+            resource = await s.resource(obj)
+            async for event in s.dyn.watch(
+                resource, namespace=NS, name="web", resource_version=since, timeout=30
+            ):
+                versions.append(event["raw_object"])
+
+        recording = asyncio.create_task(record_versions())
         await s.cluster("b", ready=False, revision=5)
 
         async def stale() -> dict[str, Any] | None:
@@ -199,6 +212,19 @@ async def test_nine_replicas_three_ways_one_write_and_a_dead_member_goes_stale(
         hub = await eventually(stale, what="availableReplicas 6 with b down")
         entries = json.loads(hub["metadata"]["annotations"][CLUSTER_STATUS_ANNOTATION])
         assert {e["cluster"]: e["stale"] for e in entries} == {"a": False, "b": True, "c": False}
+        seen = hub["metadata"]["resourceVersion"]
+        await eventually(
+            lambda: any(v["metadata"]["resourceVersion"] == seen for v in versions),
+            what="the watch caught up",
+        )
+        recording.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await recording
+        six = [v for v in versions if (v.get("status") or {}).get("availableReplicas") == 6]
+        assert six, versions
+        for version in six:
+            shown = json.loads(version["metadata"]["annotations"][CLUSTER_STATUS_ANNOTATION])
+            assert {e["cluster"]: e["stale"] for e in shown}["b"] is True, version
 
         # A report identical to what the hub shows writes nothing.
         writes = s.app.status_writes

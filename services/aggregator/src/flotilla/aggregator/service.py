@@ -374,9 +374,8 @@ class Aggregator:
                 obj = None  # nothing to write by the remembered object: read the hub's
                 continue
             try:
-                if write_status:
-                    obj = await self._write_status(resource, ref, obj, folded.status)
-                    self.status_writes += 1
+                # The breakdown first, then the sums: whoever reads a status already
+                # finds the per-cluster entries (a stale member marked) it was folded from.
                 if write_annotations:
                     patch = {
                         "metadata": {
@@ -386,6 +385,9 @@ class Aggregator:
                     }
                     obj = await kube.merge_patch(self.dyn, resource, patch, ref.name, ref.namespace)
                     self.annotation_writes += 1
+                if write_status:
+                    obj = await self._write_status(resource, ref, obj, folded.status)
+                    self.status_writes += 1
                 self._hub.put(key, _essentials(obj))
                 return
             except ApiException as exc:
