@@ -317,10 +317,15 @@ async def test_a_member_report_older_than_the_one_kept_is_not_shown(
         await s.member_sent(obj, "b", sent, FULL)  # handled after the older one
 
         async def folded() -> dict[str, Any] | None:
+            # The breakdown is written before the sums: wait for a version whose
+            # status is the fold of both members' entries.
             hub = await s.get(obj)
             annotations = hub["metadata"].get("annotations") or {}
             entries = json.loads(annotations.get(CLUSTER_STATUS_ANNOTATION) or "[]")
-            return hub if {e["cluster"] for e in entries if e.get("status")} == {"a", "b"} else None
+            if {e["cluster"] for e in entries if e.get("status")} != {"a", "b"}:
+                return None
+            shown = sum(e["status"].get("readyReplicas") or 0 for e in entries)
+            return hub if (hub.get("status") or {}).get("readyReplicas") == shown else None
 
         hub = await eventually(folded, what="both members' reports on the hub")
         assert hub["status"]["readyReplicas"] == 6, hub["status"]
