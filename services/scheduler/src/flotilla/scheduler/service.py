@@ -32,13 +32,20 @@ One decision (`Scheduler.decide`), its parts in their own modules:
    miss is not looked up: the compare-and-set that creates the record fails if
    one exists, and the decision is made again from it. An event older than the
    record's hub revision is dropped;
-2. wait until this replica has taken in every cluster written so far (one bucket
-   round trip shared by every decision waiting at the time, `readmodel.SyncPoint`);
-   then, one decision at a time per replica, take the fleet from the read model
-   (`flotilla.scheduler.readmodel`: patched, never rebuilt for capacity changes),
-   run ``core.schedule`` and, when the placement changed, apply its claims to the
-   read model at once, so the next decision already counts them;
-3. outside that lock, send the claims (`flotilla.scheduler.claims`) as one atomic,
+2. decisions are made a **batch** at a time (`Scheduler._choose_batches`): a
+   batch is every decision asked while the previous batch was being decided, at
+   most one per key (a second decision of a key waits for the next batch, so one
+   key's decisions keep their order). Per batch: wait until this replica has taken
+   in every cluster written so far (one bucket round trip, `readmodel.SyncPoint`),
+   take the fleet from the read model once (`flotilla.scheduler.readmodel`: patched,
+   never rebuilt for capacity changes), then one decision after another run
+   ``core.schedule`` and, when the placement changed, apply its claims to the read
+   model at once, so the next decision already counts them. Each handler then goes
+   on with its own decision; the batch's handlers resume together, so their claims
+   leave in one Redis pipeline (`flotilla.common.rediscapacity`) and their record
+   writes and publishes in the same few NATS writes. Batching here, not in the
+   consumer: the bus hands a service one event at a time;
+3. outside the batch, send the claims (`flotilla.scheduler.claims`) as one atomic,
    all-or-nothing script: reserve on every cluster whose replicas changed, release
    the clusters the object left (reservation id = object key, replaced on every
    change, so a retry or a second replica never counts twice). A refusal means
