@@ -1119,7 +1119,7 @@ async def test_a_decision_cancelled_after_its_batch_counted_its_claims_uncounts_
         loop.call_soon(asking.cancel)  # after the answer is set, before the caller resumes
         return choice
 
-    scheduler._choose_one = choose_then_cancel  # type: ignore[method-assign]
+    scheduler._choose_one = choose_then_cancel  # type: ignore[method-assign,assignment]
     asking = asyncio.ensure_future(
         scheduler._choose(pod.ref.key, pod, cause_of(envelope), None, set())
     )
