@@ -1127,3 +1127,25 @@ async def test_a_decision_cancelled_after_its_batch_counted_its_claims_uncounts_
         await asking
     assert scheduler.read_model._quiet.is_set()
     assert scheduler.read_model._stale == {"a"}
+
+
+async def test_a_batchs_claims_go_out_in_one_redis_round_trip(
+    nats_server: NatsServer, redis_server: RedisServer, unique: str
+) -> None:
+    """Sixty-four objects decided in one batch: their claims leave together, in one
+    Redis pipeline (a bound on claims in flight below the batch size split it)."""
+    cache = RedisCapacityCache.from_url(redis_server.url, prefix=f"t{unique}:")
+    bus, scheduler, tasks = await open_scheduler(nats_server.url, f"s{unique}", cache)
+    try:
+        harness = Harness(bus, scheduler, cache)  # type: ignore[arg-type]
+        await harness.cluster(small("a", "64"))
+        await harness.analyzed(make_pod("warm").with_requests(cpu="100m").build())  # script loaded
+        pods = [make_pod(f"p{i}").with_requests(cpu="100m").build() for i in range(64)]
+        batches, trips = scheduler.batches, cache.claim_round_trips
+        await asyncio.gather(*(harness.analyzed(pod) for pod in pods))
+        assert scheduler.batches - batches == 1
+        assert cache.claim_round_trips - trips == 1
+        assert len(await cache.reservations("a")) == 65
+    finally:
+        await close(bus, tasks)
+        await cache.aclose()

@@ -231,8 +231,9 @@ class Scheduler:
         self.clusters_store = clusters
         self.reservation_ttl = reservation_ttl
         self.sync_timeout = sync_timeout
-        # Fan-out (claims on many clusters, many keys at once) must stay below the
-        # capacity cache's connection pool (redis-py: 100), or calls fail outright.
+        # Fan-out (snapshot reads, reservation checks, many keys at once) must stay
+        # below the capacity cache's connection pool (redis-py: 100), or calls fail
+        # outright. Claims need no slot: the cache sends them one pipeline at a time.
         self._cache_slots = asyncio.Semaphore(CACHE_CONCURRENCY)
         self._deciding = asyncio.Lock()
         self.index = state.Index()
@@ -242,7 +243,7 @@ class Scheduler:
         self.read_model = ReadModel(
             cache, self.clusters, max_age=snapshot_max_age, slots=self._cache_slots
         )
-        self.claims = claims.Claims(cache, reservation_ttl, self._cache_slots)
+        self.claims = claims.Claims(cache, reservation_ttl)
         self.requeue = Requeue(bus, self.index)
         self.notices = Notices(reporter)
         self._cluster_sync = SyncPoint(self._sync_cluster_view)
