@@ -28,9 +28,11 @@ what it decided (``complete: false``). The service runs use a fleet with room
 for them and a mix most of which places something (`make_service_object`):
 ``placed_share`` is the share of decisions that placed anything, beside
 ``cpu_ms_per_decision`` (the scheduler processes' CPU time over the run, per
-decision) and the load average. Everything (NATS, Redis, the replicas, this
-publisher) shares the machine's cores. Nothing plays the syncer, so reservations
-pile up for the whole run.
+decision) and the load average. ``--profile DIR`` attaches py-spy to the first
+scheduler process for each run's timed window and writes its raw collapsed stacks
+to ``DIR/scheduler-CLUSTERS-PROCESSES.txt`` (named in the run's ``profile``).
+Everything (NATS, Redis, the replicas, this publisher) shares the machine's cores.
+Nothing plays the syncer, so reservations pile up for the whole run.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -390,6 +393,7 @@ async def _service_run(
     replicas: int,
     run: int,
     timeout: float = 120.0,
+    profile_dir: str | None = None,
 ) -> dict[str, Any]:
     rng = random.Random(11)
     prefix = f"bench{run}"
@@ -421,6 +425,8 @@ async def _service_run(
         if received >= objects:
             done.set()
 
+    spy: subprocess.Popen[bytes] | None = None
+    profile = ""
     sub = await bus.nc.subscribe(f"{prefix}.events.PlacementDecided.>", cb=count)
     try:
         for room in snapshot.clusters.values():
@@ -461,6 +467,9 @@ async def _service_run(
         for i in range(objects):
             obj = make_service_object(i, rng)
             batch.append(envelope(obj, key=obj.ref.key, producer="bench", revision=1))
+        if profile_dir is not None:
+            profile = os.path.join(profile_dir, f"scheduler-{size}-{replicas}.txt")
+            spy = _profile(started_replicas[0].proc.pid, profile)
         cpu_before = [_cpu_seconds(r.proc.pid) for r in started_replicas]
         started = time.perf_counter()
         await bus.publish_batch(batch)
@@ -473,6 +482,9 @@ async def _service_run(
             for r, before in zip(started_replicas, cpu_before, strict=True)
         )
     finally:
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=60)
         await sub.unsubscribe()
         for replica in started_replicas:
             replica.stop()
@@ -490,7 +502,21 @@ async def _service_run(
         "placed_share": round(placed / max(received, 1), 3),
         "cpu_ms_per_decision": round(cpu * 1000 / max(received, 1), 2),
         "load_average": [round(x, 2) for x in os.getloadavg()],
+        **({"profile": profile} if spy is not None else {}),
     }
+
+
+def _profile(pid: int, output: str) -> subprocess.Popen[bytes]:
+    """py-spy recording `pid` (raw collapsed stacks) until it is sent SIGINT."""
+    spy = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
+    if spy is None:
+        raise RuntimeError("--profile needs py-spy")
+    command = [spy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw"]
+    return subprocess.Popen(
+        [*command, "--output", output, "--nonblocking"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -503,14 +529,22 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure_service(runs: list[tuple[int, int, int]]) -> list[Any]:
+def measure_service(runs: list[tuple[int, int, int]], profile_dir: str | None = None) -> list[Any]:
     """(clusters, scheduler processes, objects) per run, each on fresh names."""
     results = []
     with NatsServer() as nats_server, RedisServer() as redis_server:
         for run, (size, replicas, objects) in enumerate(runs, start=1):
             results.append(
                 asyncio.run(
-                    _service_run(nats_server.url, redis_server.url, objects, size, replicas, run)
+                    _service_run(
+                        nats_server.url,
+                        redis_server.url,
+                        objects,
+                        size,
+                        replicas,
+                        run,
+                        profile_dir=profile_dir,
+                    )
                 )
             )
     return results
@@ -527,6 +561,9 @@ def main() -> None:
         help="one end-to-end service run (default: 10:1:2000, 10:2:2000, 100:1:500)",
     )
     parser.add_argument("--no-service", action="store_true", help="the pure core only")
+    parser.add_argument(
+        "--profile", metavar="DIR", help="py-spy the first scheduler process of each run"
+    )
     parser.add_argument(
         "--decide-path",
         type=int,
@@ -562,7 +599,7 @@ def main() -> None:
                 "scheduler service end to end: publish N ResourceAnalyzed, time until N "
                 "PlacementDecided (real NATS + Redis, scheduler as OS processes)"
             ),
-            "results": measure_service(runs),
+            "results": measure_service(runs, args.profile),
         }
     print(json.dumps(document, indent=2))
 

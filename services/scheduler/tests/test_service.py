@@ -36,7 +36,7 @@ from flotilla.common.store import Conflict
 from flotilla.common.testing import eventually
 from flotilla.common.topology import Topology
 from flotilla.scheduler.records import ClusterRecord, PlacementRecord
-from flotilla.scheduler.service import Scheduler
+from flotilla.scheduler.service import Cause, Scheduler
 
 from .builders import (
     ClusterBuilder,
@@ -143,6 +143,9 @@ class Harness:
 
     def active(self, record: PlacementRecord) -> dict[str, int | None]:
         return {p.cluster: p.replicas for p in record.clusters if p.state == "Active"}
+
+    def active_of(self, choice: Any) -> dict[str, int | None]:
+        return {p.cluster: p.replicas for p in choice.decision.clusters if p.state == "Active"}
 
 
 async def open_scheduler(
@@ -972,3 +975,177 @@ async def test_a_new_object_is_decided_without_reading_its_record(harness: Harne
     await harness.analyzed(web)
     assert reads == []
     assert harness.active(await harness.record(web.ref.key)) == {"a": 2}
+
+
+# --- batches ---------------------------------------------------------------------------
+
+
+def cause_of(envelope: Envelope) -> Cause:
+    return Cause(event_id=envelope.id, uid=envelope.uid, generation=0, revision=envelope.revision)
+
+
+async def test_decisions_asked_together_are_one_batch_with_one_decision_per_key(
+    harness: Harness,
+) -> None:
+    """Decisions asked while none is being made go in one batch, except a second one
+    of the same key: it waits for the next batch, so one key's decisions keep their
+    order even when they are asked at once."""
+    await harness.cluster(small("a", "8"))
+    scheduler = harness.scheduler
+    web = make_deployment("web", replicas=1).build()
+    db = make_deployment("db", replicas=1).build()
+    asks = [
+        (web, harness.analyzed_event(web)),
+        (web.model_copy(update={"replicas": 2}), harness.analyzed_event(web)),
+        (db, harness.analyzed_event(db)),
+    ]
+
+    async def ask(analyzed: ResourceAnalyzed, envelope: Envelope) -> Any:
+        key = analyzed.ref.key
+        choice = await scheduler._choose(key, analyzed, cause_of(envelope), None, set())
+        scheduler.read_model.settled(choice.plan, applied=True)  # as the claim's answer does
+        return choice
+
+    before = scheduler.batches
+    choices = await asyncio.gather(*(ask(analyzed, envelope) for analyzed, envelope in asks))
+    assert [choice.batch - before for choice in choices] == [1, 2, 1]
+    assert [harness.active_of(choice) for choice in choices] == [{"a": 1}, {"a": 2}, {"a": 1}]
+
+
+async def test_a_batch_shares_one_cluster_sync(harness: Harness) -> None:
+    """Every decision must see the clusters written before it was asked; a batch asks
+    the bucket once for all of its decisions."""
+    await harness.cluster(small("a", "8"))
+    scheduler = harness.scheduler
+    syncs: list[int] = []
+    real_sync = scheduler.clusters_view.sync
+
+    async def counting(timeout: float | None = None) -> int:
+        syncs.append(1)
+        return await real_sync(timeout)
+
+    scheduler.clusters_view.sync = counting  # type: ignore[method-assign]
+    pods = [make_pod(f"p{i}").with_requests(cpu="100m").build() for i in range(12)]
+    before = scheduler.batches
+    await asyncio.gather(*(harness.analyzed(pod) for pod in pods))
+    for pod in pods:
+        assert harness.active(await harness.record(pod.ref.key)) == {"a": 1}
+    assert scheduler.batches - before == len(syncs) <= 2
+
+
+async def test_a_lost_compare_and_set_in_a_batch_publishes_nothing_for_it_and_holds_up_nothing(
+    nats_server: NatsServer, unique: str
+) -> None:
+    """Three objects decided in one batch; another replica recorded the middle one
+    meanwhile. Its write loses: it is decided again from the winner's record (what it
+    publishes says so), while the other two are recorded and published once each."""
+    cache = FakeCapacityCache()
+    prefix = f"s{unique}"
+    one = await open_scheduler(nats_server.url, prefix, cache)
+    two = await open_scheduler(nats_server.url, prefix, cache)
+    try:
+        first = Harness(one[0], one[1], cache)
+        second = Harness(two[0], two[1], cache)
+        await first.cluster(small("a", "8"))
+        await second.scheduler.clusters_view.sync(5.0)
+        web, mid, db = (make_deployment(n, replicas=1).build() for n in ("web", "mid", "db"))
+        await first.analyzed(mid)
+        await second.scheduler.placements_view.sync(5.0)
+        # Replica two has not seen replica one's record of `mid` yet.
+        second.scheduler.index.entries.pop(mid.ref.key, None)
+        before = second.scheduler.batches
+        bigger = second.analyzed_event(mid.model_copy(update={"replicas": 3}), revision=50)
+        await asyncio.gather(second.analyzed(web), second.handle(bigger), second.analyzed(db))
+        assert second.scheduler.batches - before == 2  # the lost one decided again alone
+        decided = {k.ref.key: await second.decided(k.ref.key) for k in (web, mid, db)}
+        assert [len(decided[k.ref.key]) for k in (web, db)] == [1, 1]
+        assert [[(p.cluster, p.replicas) for p in d.previous] for d in decided[mid.ref.key]] == [
+            [],
+            [("a", 1)],
+        ]
+        assert harness_active(await second.record(mid.ref.key)) == {"a": 3}
+    finally:
+        await close(one[0], one[2])
+        await close(two[0], two[2])
+
+
+async def test_a_failed_publish_fails_only_its_own_event_and_its_redelivery_publishes(
+    harness: Harness,
+) -> None:
+    """Two objects in one batch; the publish of one fails. Its handler fails (the
+    message is not acknowledged: the bus hands it back), the other's succeeds; the
+    redelivered event publishes the decision already recorded."""
+    await harness.cluster(small("a", "8"))
+    web = make_deployment("web", replicas=1).build()
+    db = make_deployment("db", replicas=1).build()
+    real_publish = harness.bus.publish
+    failing = {db.ref.key}
+
+    async def publish(event: Envelope) -> Any:
+        if event.key in failing:
+            raise Unavailable("publish failed")
+        return await real_publish(event)
+
+    harness.bus.publish = publish  # type: ignore[method-assign]
+    web_event, db_event = harness.analyzed_event(web), harness.analyzed_event(db)
+    results = await asyncio.gather(
+        harness.handle(web_event), harness.handle(db_event), return_exceptions=True
+    )
+    assert results[0] is None
+    assert isinstance(results[1], Unavailable)
+    assert len(await harness.decided(web.ref.key)) == 1
+    assert await harness.decided(db.ref.key) == []
+    recorded = await harness.record(db.ref.key)
+    failing.clear()
+    await harness.handle(db_event)
+    assert await harness.decided(db.ref.key) == [recorded.decided]
+
+
+async def test_a_decision_cancelled_after_its_batch_counted_its_claims_uncounts_them(
+    harness: Harness,
+) -> None:
+    """The handler's deadline cancels it just after the batch decided it: nothing will
+    claim what the batch counted into the read model, so the read model stops counting
+    it (else it would wait for that claim's answer before every read, for ever)."""
+    await harness.cluster(small("a", "8"))
+    scheduler = harness.scheduler
+    pod = make_pod("p").with_requests(cpu="1").build()
+    envelope = harness.analyzed_event(pod)
+    real_choose_one = scheduler._choose_one
+    loop = asyncio.get_running_loop()
+
+    def choose_then_cancel(*args: Any) -> Any:
+        choice = real_choose_one(*args)
+        loop.call_soon(asking.cancel)  # after the answer is set, before the caller resumes
+        return choice
+
+    scheduler._choose_one = choose_then_cancel  # type: ignore[method-assign,assignment]
+    asking = asyncio.ensure_future(
+        scheduler._choose(pod.ref.key, pod, cause_of(envelope), None, set())
+    )
+    with pytest.raises(asyncio.CancelledError):
+        await asking
+    assert scheduler.read_model._quiet.is_set()
+    assert scheduler.read_model._stale == {"a"}
+
+
+async def test_a_batchs_claims_go_out_in_one_redis_round_trip(
+    nats_server: NatsServer, redis_server: RedisServer, unique: str
+) -> None:
+    """Sixty-four objects decided in one batch: their claims leave together, in one
+    Redis pipeline (a bound on claims in flight below the batch size split it)."""
+    cache = RedisCapacityCache.from_url(redis_server.url, prefix=f"t{unique}:")
+    bus, scheduler, tasks = await open_scheduler(nats_server.url, f"s{unique}", cache)
+    try:
+        harness = Harness(bus, scheduler, cache)  # type: ignore[arg-type]
+        await harness.cluster(small("a", "64"))
+        await harness.analyzed(make_pod("warm").with_requests(cpu="100m").build())  # script loaded
+        pods = [make_pod(f"p{i}").with_requests(cpu="100m").build() for i in range(64)]
+        batches, trips = scheduler.batches, cache.claim_round_trips
+        await asyncio.gather(*(harness.analyzed(pod) for pod in pods))
+        assert scheduler.batches - batches == 1
+        assert cache.claim_round_trips - trips == 1
+        assert len(await cache.reservations("a")) == 65
+    finally:
+        await close(bus, tasks)
+        await cache.aclose()

@@ -9,6 +9,12 @@ that refused are named. Reservation ids are the object's key (``key#component``
 for each component of a multi-component object), so a retried or redelivered
 claim replaces itself and never counts twice.
 
+Claims are not held back by the replica's bound on capacity cache calls in flight
+(the service's cache slots): the cache coalesces concurrent claims itself
+(`flotilla.common.rediscapacity`: one pipeline at a time, on one connection), so a
+batch of decisions claims in one round trip however large it is, where a bound
+below the batch size split it into two.
+
 `Plan.delta` is what the plan changes in each cluster's reserved totals, so the
 read model can apply the replica's own claims locally instead of re-reading them.
 `Claims.undo` puts back what a plan changed when the record it was for lost its
@@ -17,7 +23,6 @@ compare-and-set.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -175,25 +180,20 @@ def plan(
 
 
 class Claims:
-    """Sends plans to the capacity cache, with a bound on calls in flight."""
+    """Sends plans to the capacity cache (see the module docstring on why unbounded)."""
 
-    def __init__(self, cache: CapacityCache, ttl: float, slots: asyncio.Semaphore) -> None:
+    def __init__(self, cache: CapacityCache, ttl: float) -> None:
         self.cache = cache
         self.ttl = ttl
-        self._slots = slots
 
     async def submit(self, plan: Plan) -> set[str]:
         """Apply `plan` all or nothing; the clusters that refused (empty: applied)."""
         if not plan:
             return set()
-        async with self._slots:
-            return await self.cache.claim(plan.claims, self.ttl, releases=plan.releases)
+        return await self.cache.claim(plan.claims, self.ttl, releases=plan.releases)
 
     async def undo(self, plan: Plan) -> None:
         """Put back what an applied `plan` changed (nothing is refused)."""
         if not (plan.undo_claims or plan.undo_releases):
             return
-        async with self._slots:
-            await self.cache.claim(
-                plan.undo_claims, self.ttl, releases=plan.undo_releases, check=False
-            )
+        await self.cache.claim(plan.undo_claims, self.ttl, releases=plan.undo_releases, check=False)

@@ -32,13 +32,20 @@ One decision (`Scheduler.decide`), its parts in their own modules:
    miss is not looked up: the compare-and-set that creates the record fails if
    one exists, and the decision is made again from it. An event older than the
    record's hub revision is dropped;
-2. wait until this replica has taken in every cluster written so far (one bucket
-   round trip shared by every decision waiting at the time, `readmodel.SyncPoint`);
-   then, one decision at a time per replica, take the fleet from the read model
-   (`flotilla.scheduler.readmodel`: patched, never rebuilt for capacity changes),
-   run ``core.schedule`` and, when the placement changed, apply its claims to the
-   read model at once, so the next decision already counts them;
-3. outside that lock, send the claims (`flotilla.scheduler.claims`) as one atomic,
+2. decisions are made a **batch** at a time (`Scheduler._choose_batches`): a
+   batch is every decision asked while the previous batch was being decided, at
+   most one per key (a second decision of a key waits for the next batch, so one
+   key's decisions keep their order). Per batch: wait until this replica has taken
+   in every cluster written so far (one bucket round trip, `readmodel.SyncPoint`),
+   take the fleet from the read model once (`flotilla.scheduler.readmodel`: patched,
+   never rebuilt for capacity changes), then one decision after another run
+   ``core.schedule`` and, when the placement changed, apply its claims to the read
+   model at once, so the next decision already counts them. Each handler then goes
+   on with its own decision; the batch's handlers resume together, so their claims
+   leave in one Redis pipeline (`flotilla.common.rediscapacity`) and their record
+   writes and publishes in the same few NATS writes. Batching here, not in the
+   consumer: the bus hands a service one event at a time;
+3. outside the batch, send the claims (`flotilla.scheduler.claims`) as one atomic,
    all-or-nothing script: reserve on every cluster whose replicas changed, release
    the clusters the object left (reservation id = object key, replaced on every
    change, so a retry or a second replica never counts twice). A refusal means
@@ -110,7 +117,7 @@ from flotilla.common.router import Router
 from flotilla.common.service import Runtime
 from flotilla.common.store import Conflict, Follower, Store
 from flotilla.scheduler import claims, core, state
-from flotilla.scheduler.model import Decision, SchedulingInput
+from flotilla.scheduler.model import Decision, Fleet, SchedulingInput
 from flotilla.scheduler.notices import Notices
 from flotilla.scheduler.readmodel import ReadModel, SyncPoint
 from flotilla.scheduler.records import ClusterRecord, PlacementRecord
@@ -167,6 +174,32 @@ class Cause:
     ``RescheduleRequested`` must see the change that sent it)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """One decision asked of the next batch, and where its answer goes."""
+
+    key: str
+    analyzed: ResourceAnalyzed
+    cause: Cause
+    current: PlacementRecord | None
+    refused: set[tuple[ClusterPlacement, ...]]
+    answer: asyncio.Future[_Choice]
+
+
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    """What a batch decided for one ask: the decision, whether it changes the
+    placement, its claims (already counted into the read model when not empty),
+    the cluster view it was made at, and the batch it was made in (`Scheduler.batches`)."""
+
+    view: int
+    decision: Decision
+    changed: bool
+    plan: claims.Plan
+    held_back: str
+    batch: int
+
+
 JsonObject = dict[str, Any]
 
 
@@ -198,8 +231,9 @@ class Scheduler:
         self.clusters_store = clusters
         self.reservation_ttl = reservation_ttl
         self.sync_timeout = sync_timeout
-        # Fan-out (claims on many clusters, many keys at once) must stay below the
-        # capacity cache's connection pool (redis-py: 100), or calls fail outright.
+        # Fan-out (snapshot reads, reservation checks, many keys at once) must stay
+        # below the capacity cache's connection pool (redis-py: 100), or calls fail
+        # outright. Claims need no slot: the cache sends them one pipeline at a time.
         self._cache_slots = asyncio.Semaphore(CACHE_CONCURRENCY)
         self._deciding = asyncio.Lock()
         self.index = state.Index()
@@ -209,10 +243,15 @@ class Scheduler:
         self.read_model = ReadModel(
             cache, self.clusters, max_age=snapshot_max_age, slots=self._cache_slots
         )
-        self.claims = claims.Claims(cache, reservation_ttl, self._cache_slots)
+        self.claims = claims.Claims(cache, reservation_ttl)
         self.requeue = Requeue(bus, self.index)
         self.notices = Notices(reporter)
         self._cluster_sync = SyncPoint(self._sync_cluster_view)
+        self._asks: list[_Ask] = []
+        """Decisions asked for and not yet taken into a batch (`_choose_batches`)."""
+        self._chooser: asyncio.Task[None] | None = None
+        self.batches = 0
+        """Batches of decisions made (for the benchmark and tests)."""
         self._policies = state.Interned[api.PlacementPolicySpec]()
         self._capacity_seen: dict[str, tuple[object, frozenset[str]]] = {}
         """Cluster → its capacity record (observed_at, headroom) as last reported, and
@@ -464,7 +503,6 @@ class Scheduler:
         self, key: str, analyzed: ResourceAnalyzed, cause: Cause, *, reschedule: bool = False
     ) -> None:
         """Decide `key`, claim, record it by compare-and-set, publish (module docstring)."""
-        policy = analyzed.policy_spec
         await self.index_ready()
         entry = self.index.get(key)
         stored: tuple[PlacementRecord, int] | None = (
@@ -481,48 +519,10 @@ class Scheduler:
                 if not reschedule and cause.revision < current.revision:
                     log.info("stale %s (%d < %d) dropped", key, cause.revision, current.revision)
                     return
-            view = await self._sync_clusters()
-            previous = current.clusters if current is not None else ()
-            # One decision at a time per replica, from choosing to counting its claims
-            # in the read model: the next one then sees them, so a replica's own
-            # decisions never race each other for the same room. Claims, records,
-            # publishing and acks stay concurrent.
-            async with self._deciding:
-                fleet = await self.read_model.fleet(view, fresh_after=cause.fresh_after)
-                decision = core.schedule(
-                    SchedulingInput(
-                        analyzed=analyzed,
-                        policy=policy,
-                        fleet=fleet,
-                        now=datetime.now(UTC),
-                        previous=previous,
-                        dependency_placements=self.index.dependency_placements(
-                            state.dependency_keys(analyzed)
-                        ),
-                        avoid_clusters=cause.avoid,
-                    )
-                )
-                self.decisions += 1
-                changed = current is None or _placement_changed(current, decision)
-                plan = claims.Plan()
-                held_back = ""
-                if changed and current is not None and decision.clusters in refused:
-                    # Refused again after re-reading the clusters that refused, so it
-                    # cannot fit: the core keeps an object where it runs without
-                    # re-checking room (an `any` Pod scaled up in place). Keep what
-                    # runs and wait as Pending for room.
-                    changed = False
-                    held_back = f"{decision.reason}; does not fit now, placement kept"
-                elif changed:
-                    plan = claims.plan(
-                        key,
-                        analyzed,
-                        previous,
-                        decision.clusters,
-                        held_for=current.analyzed if current is not None else None,
-                    )
-                    if plan:
-                        self.read_model.apply(plan)
+            # Decided in a batch with whatever else is waiting (`_choose_batches`);
+            # claims, records, publishing and acks stay concurrent.
+            choice = await self._choose(key, analyzed, cause, current, refused)
+            decision, changed, plan = choice.decision, choice.changed, choice.plan
             if plan:
                 try:
                     refusing = await self.claims.submit(plan)
@@ -534,7 +534,9 @@ class Scheduler:
                 if refusing:
                     refused.add(decision.clusters)
                     continue
-            record = self._record(key, analyzed, cause, current, decision, changed, held_back)
+            record = self._record(
+                key, analyzed, cause, current, decision, changed, choice.held_back
+            )
             if record is None:
                 return
             try:
@@ -551,7 +553,7 @@ class Scheduler:
             await self._publish(record)
             self._report(key, analyzed, record)
             followers = self.index.dependents(key)
-            if self.clusters.version != view:
+            if self.clusters.version != choice.view:
                 followers.add(key)  # the fleet changed while deciding: look again
             if followers:
                 await self._request(
@@ -559,6 +561,131 @@ class Scheduler:
                 )
             return
         raise TemporaryError(f"{key}: no decision held after {MAX_ATTEMPTS} attempts", delay=1.0)
+
+    async def _choose(
+        self,
+        key: str,
+        analyzed: ResourceAnalyzed,
+        cause: Cause,
+        current: PlacementRecord | None,
+        refused: set[tuple[ClusterPlacement, ...]],
+    ) -> _Choice:
+        """This decision, made in the next batch (see `_choose_batches`)."""
+        answer: asyncio.Future[_Choice] = asyncio.get_running_loop().create_future()
+        ask = _Ask(key, analyzed, cause, current, refused, answer)
+        self._asks.append(ask)
+        if self._chooser is None:
+            self._chooser = asyncio.create_task(self._choose_batches(), name="scheduler-batches")
+        try:
+            return await ask.answer
+        except asyncio.CancelledError:
+            # Cancelled (the handler's deadline) after the batch counted the plan in:
+            # nothing will claim it, so the read model must not keep counting it.
+            answered = answer.done() and not answer.cancelled() and answer.exception() is None
+            if answered and answer.result().plan:
+                self.read_model.settled(answer.result().plan, applied=False)
+            raise
+
+    async def _choose_batches(self) -> None:
+        """Decide what is asked, a batch at a time, until nothing is left.
+
+        A batch is everything asked while the previous one was being decided, at
+        most one decision per key (a second one of a key waits for the next batch,
+        so one key's decisions keep their order). The batch shares one cluster sync
+        and one read of the fleet, and is decided one decision after another under
+        the decision lock, each plan counted into the read model at once, so the next
+        decision sees it. The callers then claim, record and publish concurrently
+        (their claims go out in one Redis pipeline, `rediscapacity`)."""
+        try:
+            while self._asks:
+                batch: list[_Ask] = []
+                later: list[_Ask] = []
+                keys: set[str] = set()
+                for ask in self._asks:
+                    if ask.answer.done():
+                        continue  # its caller gave up
+                    if ask.key in keys:
+                        later.append(ask)
+                        continue
+                    keys.add(ask.key)
+                    batch.append(ask)
+                self._asks = later
+                if batch:
+                    self.batches += 1
+                    await self._choose_batch(batch)
+        except BaseException as error:
+            for ask in self._asks:
+                if not ask.answer.done():
+                    ask.answer.set_exception(Unavailable(f"decisions stopped: {error!r}"))
+            self._asks = []
+            raise
+        finally:
+            self._chooser = None
+
+    async def _choose_batch(self, batch: list[_Ask]) -> None:
+        try:
+            view = await self._sync_clusters()
+            fresh_after = max(ask.cause.fresh_after for ask in batch)
+            async with self._deciding:
+                fleet = await self.read_model.fleet(view, fresh_after=fresh_after)
+                now = datetime.now(UTC)
+                for ask in batch:
+                    if ask.answer.done():
+                        continue
+                    try:
+                        choice = self._choose_one(ask, fleet, view, now)
+                    except Exception as error:
+                        ask.answer.set_exception(error)
+                    else:
+                        ask.answer.set_result(choice)
+        except BaseException as error:
+            for ask in batch:
+                if not ask.answer.done():
+                    if isinstance(error, Exception):
+                        ask.answer.set_exception(error)
+                    else:
+                        ask.answer.set_exception(Unavailable(f"decisions stopped: {error!r}"))
+            if not isinstance(error, Exception):
+                raise
+
+    def _choose_one(self, ask: _Ask, fleet: Fleet, view: int, now: datetime) -> _Choice:
+        """One decision of a batch, its plan counted into the read model."""
+        analyzed, current = ask.analyzed, ask.current
+        previous = current.clusters if current is not None else ()
+        decision = core.schedule(
+            SchedulingInput(
+                analyzed=analyzed,
+                policy=analyzed.policy_spec,
+                fleet=fleet,
+                now=now,
+                previous=previous,
+                dependency_placements=self.index.dependency_placements(
+                    state.dependency_keys(analyzed)
+                ),
+                avoid_clusters=ask.cause.avoid,
+            )
+        )
+        self.decisions += 1
+        changed = current is None or _placement_changed(current, decision)
+        plan = claims.Plan()
+        held_back = ""
+        if changed and current is not None and decision.clusters in ask.refused:
+            # Refused again after re-reading the clusters that refused, so it cannot
+            # fit: the core keeps an object where it runs without re-checking room
+            # (an `any` Pod scaled up in place). Keep what runs and wait as Pending.
+            changed = False
+            held_back = f"{decision.reason}; does not fit now, placement kept"
+        elif changed:
+            plan = claims.plan(
+                ask.key,
+                analyzed,
+                previous,
+                decision.clusters,
+                held_for=current.analyzed if current is not None else None,
+            )
+            if plan:
+                self.read_model.apply(plan)
+        return _Choice(view, decision, changed, plan, held_back, self.batches)
 
     @staticmethod
     def _record(
