@@ -40,7 +40,7 @@ class ObjectRecord(_Record):
     work was sent to (and not removed since)."""
     published: dict[str, str] = Field(default_factory=dict)
     """Cluster → `flotilla.transformer.service.own_digest` of the own work last
-    published there (its state and manifest without the decision annotation), for
+    published there (its manifest without the decision annotation), for
     clusters in `works` only; recorded after the publish, with the rest of the record."""
 
     @property

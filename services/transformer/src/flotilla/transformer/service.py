@@ -33,7 +33,7 @@ One reconciliation (`Transformer.reconcile`):
    arrives, or the dependency renders differently now: a further dependent alone
    publishes nothing, so a namespace of n objects is not n Namespace works), then
    the object's own works where they differ from what was last published there
-   (`own_digest`: the state and the manifest without the decision annotation),
+   (`own_digest`: the manifest without the decision annotation),
    then removals (``manifest: None``): the object's own on
    clusters that left the decision, and each dependency's on clusters where
    nobody needs it now; then record in the dependents records what was published;
@@ -60,12 +60,13 @@ Decisions where the brief is silent:
   render (its next analysis or decision), not by itself.
 * A dependency's work carries the decision id of the render that sent it; the
   hub generation annotation is the dependency's own.
-* Likewise an own work is sent only where the decision changed it (its share, its
-  state, the object or its transformations), not for a new decision id alone: a
-  drain's two decisions per object (its share moved away from a cluster, then that
-  cluster released) would otherwise re-send, re-apply and re-report every copy
-  that stays where it was. Such a copy keeps the decision annotation of the
-  decision that last changed it.
+* Likewise an own work is sent only where the decision changed its manifest (its
+  share, the object, its transformations), not for a new decision id or a new
+  state alone: a drain's two decisions per object (the share moved off a cluster
+  that turns Retiring and keeps its copy, then that cluster released) would
+  otherwise re-send, re-apply and re-report every copy that stays as it was. Such
+  a copy keeps the decision annotation of the decision that last changed it, and
+  its last work event the state it was sent with (the syncer acts on manifests only).
 """
 
 from __future__ import annotations
@@ -321,9 +322,10 @@ def content_digest(manifest: Mapping[str, Any]) -> str:
 
 
 def own_digest(work: Rendered, uid: str) -> str:
-    """What an own work says besides its decision id: its state, the hub object's
-    uid and the manifest's `content_digest` (equal digests, nothing to send)."""
-    return f"{work.state.value}:{uid}:{content_digest(work.manifest)}"
+    """What an own work says to its cluster: the hub object's uid and the manifest's
+    `content_digest` (equal digests, nothing to send). Not its state: a copy turning
+    Retiring keeps its manifest, and the syncer applies manifests, not states."""
+    return f"{uid}:{content_digest(work.manifest)}"
 
 
 class Transformer:
