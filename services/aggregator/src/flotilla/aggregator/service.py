@@ -4,7 +4,10 @@ Handlers (one `Router`, partitioned by key, so one object's events come in order
 
 * ``PlacementDecided`` — record the object's placement (reports of clusters it
   left are dropped); a deleted object's record is removed.
-* ``MemberStatusObserved`` — record the member's latest report.
+* ``MemberStatusObserved`` — record the member's latest report; flush only if the
+  placement names its cluster (a fold reads no other: the removed copy of a
+  released cluster reports its end after the decision that dropped it, and a
+  report that comes before its decision is folded when the decision comes).
 * ``ClusterObserved`` — record whether the cluster is Ready in a bucket every
   replica follows (a cluster event reaches one replica only); a change re-folds
   every object placed there, so a dead cluster's members turn stale at once.
@@ -253,8 +256,10 @@ class Aggregator:
     async def on_member_status_observed(self, event: Received[events.MemberStatusObserved]) -> None:
         observed = event.payload
         report = MemberReport.of(observed, event.envelope.produced_at)
-        await self._update(observed.ref.key, lambda r: r.with_report(report))
-        self.schedule(observed.ref.key)
+        record = await self._update(observed.ref.key, lambda r: r.with_report(report))
+        placement = record.placement if record is not None else None
+        if placement is not None and any(p.cluster == observed.cluster for p in placement.clusters):
+            self.schedule(observed.ref.key)
 
     async def on_cluster_observed(self, event: Received[events.ClusterObserved]) -> None:
         observed, revision = event.payload, event.envelope.revision
