@@ -33,8 +33,9 @@ during the window (absolute, and relative to its desired replicas; the floor is
 ``replicas - maxUnavailable``). Also reported: the coordinator's commands (avoid and
 release), every bus event by type (counted from the subjects), Warning Events in the
 namespace, and each process's CPU seconds in the window (which service is busiest).
-``--profile SERVICE`` attaches py-spy to that service for the window and reports
-where its samples fall (py-spy must be installed; it is not in the lock).
+``--profile SERVICE`` attaches py-spy to that service (or ``kubesim-hub``,
+``kubesim-us-east``) for the window and reports where its samples fall (py-spy
+must be installed; it is not in the lock).
 
 **Simulated (``--simulated``).** The world is simulated, the coordinator's decisions
 are real: every object is a split Deployment of 6 replicas (``maxUnavailable`` 25 %,
@@ -755,7 +756,8 @@ def summarize_profile(service: str, path: Path, top: int = 12) -> dict[str, Any]
             continue
         own[frames[-1]] += count
         ours = [f for f in frames if is_flotilla(f)]
-        for frame in dict.fromkeys(f for f in ours if package_of(f) == service):
+        package = service.partition("-")[0]  # kubesim-hub: the kubesim package
+        for frame in dict.fromkeys(f for f in ours if package_of(f) == package):
             if "__main__" not in frame:
                 inclusive[frame] += count
         caller = next((f for f in reversed(ours[:-1] if ours[-1:] == frames[-1:] else ours)), "")
@@ -1101,7 +1103,10 @@ def main() -> None:
         "--heartbeat", type=float, default=None, help="real: the syncer's heartbeat (seconds)"
     )
     parser.add_argument(
-        "--profile", choices=environment.SERVICES, default=None, help="real: py-spy a service"
+        "--profile",
+        choices=(*environment.SERVICES, "kubesim-hub", "kubesim-us-east"),
+        default=None,
+        help="real: py-spy a service (or the hub's or the drained member's kubesim)",
     )
     parser.add_argument("--state-dir", type=Path, default=None, help="real: logs go here")
     parser.add_argument("--seed", type=int, default=1, help="simulated: the world's seed")

@@ -6,8 +6,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
+import pytest
 from kubernetes_asyncio.dynamic import DynamicClient
 
+from flotilla.aggregator import service
 from flotilla.aggregator.aggregation import MemberReport, ObjectReports
 from flotilla.aggregator.service import Aggregator, ClusterReadiness
 from flotilla.common.store import MemoryBucket, Recent, Store
@@ -95,3 +97,23 @@ def test_recent_forgets_the_least_recently_put_first() -> None:
     recent.put("a", 3)
     recent.put("c", 4)
     assert (recent.pop("b"), recent.pop("a"), recent.pop("c"), len(recent)) == (None, 3, 4, 0)
+
+
+async def test_a_busy_aggregator_waits_longer_before_each_flush() -> None:
+    """Beyond `BUSY_FLUSHES` waiting flushes the window stretches in proportion, up
+    to `BUSY_WINDOW`; an idle aggregator keeps its window."""
+    app, _, _ = aggregator()
+    busy = service.BUSY_FLUSHES
+    try:
+        assert app.flush_delay() == app.window == 0.2
+        for i in range(busy):
+            app.schedule(f"{KEY}-{i}")
+        assert app.flush_delay() == 0.2
+        for i in range(busy, 4 * busy):
+            app.schedule(f"{KEY}-{i}")
+        assert app.flush_delay() == pytest.approx(0.8)
+        for i in range(4 * busy, 40 * busy):
+            app.schedule(f"{KEY}-{i}")
+        assert app.flush_delay() == service.BUSY_WINDOW
+    finally:
+        await app.close()

@@ -383,6 +383,46 @@ async def test_a_changed_fold_is_written_without_reading_the_hub_first(
         assert (first, reads, s.app.status_writes) == (1, 1, 2)
 
 
+async def test_a_report_of_a_cluster_the_placement_does_not_name_flushes_nothing(
+    kubesim_factory: Any, nats_server: NatsServer, unique: str
+) -> None:
+    """A released cluster's copy reports its removal after the decision that dropped
+    it: no fold reads it, so it costs no flush (nor its confirming read of the hub);
+    it is folded once a placement names its cluster."""
+    async with aggregator(kubesim_factory, nats_server, f"ag{unique}") as s:
+        obj = await s.create(web(3))
+        await s.placed(obj, ("a", 3, A))
+        await s.member(obj, "a", **FULL)
+        await eventually(lambda: s.app.status_writes == 1, what="first write")
+        await eventually(lambda: not s.app._flushes, what="every flush done")
+        real_get = s.app.dyn.get
+        reads = 0
+
+        async def counted_get(*args: Any, **kwargs: Any) -> Any:
+            nonlocal reads
+            reads += 1
+            return await real_get(*args, **kwargs)
+
+        s.app.dyn.get = counted_get  # type: ignore[method-assign]
+        await s.member(obj, "b", replicas=2, readyReplicas=2, availableReplicas=2)
+
+        async def recorded() -> bool:
+            entry = await s.app.reports.get(events.ObjectRef.of(obj).key)
+            return entry is not None and "b" in entry.value.members
+
+        await eventually(recorded, what="b's report recorded")
+        await asyncio.sleep(0.5)  # past the coalesce window
+        assert (reads, s.app._flushes, s.app.status_writes) == (0, set(), 1)
+
+        await s.placed(obj, ("a", 3, A), ("b", 2, A))
+
+        async def folded() -> dict[str, Any] | None:
+            hub = await s.get(obj)
+            return hub if hub.get("status", {}).get("readyReplicas") == 5 else None
+
+        await eventually(folded, what="b's report folded once b is placed")
+
+
 async def test_a_fold_the_remembered_object_shows_is_checked_against_the_hub(
     kubesim_factory: Any, nats_server: NatsServer, unique: str
 ) -> None:

@@ -645,3 +645,32 @@ async def test_a_dependency_whose_publish_failed_is_published_when_the_event_com
     harness.bus.publish_batch = publish  # type: ignore[method-assign]
     await harness.decide(obj, {"a": 3})
     assert sorted(await harness.present()) == sorted([(CONFIG_REF.key, "a"), (WEB.key, "a")])
+
+
+async def test_a_decision_sends_only_the_works_it_changes(harness: Harness) -> None:
+    """A drain's decisions: the share moved off ``a`` (kept Retiring), then ``a``
+    released. ``b``'s copy is the same throughout and is sent once."""
+    obj = deployment(replicas=2)
+    await harness.analyze(obj)
+    await harness.decide(obj, {"a": 1, "b": 1})
+    await harness.decide(obj, {"a": 1, "b": 1, "c": 1}, decision="d-2", retiring=("a",))
+    await harness.decide(obj, {"b": 1, "c": 1}, decision="d-3")
+    sent = [(w.cluster, w.decision_id, w.manifest is not None) for w in await harness.works()]
+    assert sent == [
+        ("a", "d-1", True),
+        ("b", "d-1", True),
+        ("c", "d-2", True),  # a's copy, Retiring now, is what it was
+        ("a", "d-3", False),
+    ]
+    # A changed share, a changed object, or a cluster coming back is sent again.
+    await harness.decide(obj, {"b": 2, "c": 1}, decision="d-4")
+    await harness.analyze(deployment(replicas=2, image="app:2"))
+    await harness.decide(obj, {"a": 1, "b": 2, "c": 1}, decision="d-5")
+    assert [(w.cluster, w.decision_id) for w in (await harness.works())[4:]] == [
+        ("b", "d-4"),
+        ("b", "d-4"),
+        ("c", "d-4"),
+        ("a", "d-5"),
+    ]
+    entry = await harness.objects.get(WEB.key)
+    assert entry is not None and sorted(entry.value.published) == ["a", "b", "c"]

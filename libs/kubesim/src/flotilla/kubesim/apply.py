@@ -17,6 +17,7 @@ tracked at leaves only; conflicts compare exact paths (not a parent against its 
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -92,11 +93,19 @@ def _step(container: Any, segment: str) -> Any:
             return container.get(segment[2:], _MISSING)
         return _MISSING
     if segment.startswith("k:") and isinstance(container, list):
-        ((key, value),) = json.loads(segment[2:]).items()
+        key, value = _item_key(segment)
         for item in container:
             if isinstance(item, dict) and item.get(key) == value:
                 return item
     return _MISSING
+
+
+@functools.lru_cache(maxsize=4096)
+def _item_key(segment: str) -> tuple[str, Any]:
+    """The (merge key, value) a ``k:`` segment names, parsed once: every write compares
+    each leaf path of the object before and after, and most of them repeat."""
+    ((key, value),) = json.loads(segment[2:]).items()
+    return key, value
 
 
 def value_at(obj: Any, path: Path) -> Any:
@@ -397,7 +406,7 @@ def record_update(
         return
     stored = old.get("metadata", {}).get("managedFields")
     managed = meta.get("managedFields", stored)
-    if _comparable(managed) == _comparable(stored):
+    if managed == stored or _comparable(managed) == _comparable(stored):
         # Clients echo managedFields back with reformatted times; that is not a change.
         managed = stored
     ownership = Ownership(managed)

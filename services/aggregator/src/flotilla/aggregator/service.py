@@ -4,7 +4,10 @@ Handlers (one `Router`, partitioned by key, so one object's events come in order
 
 * ``PlacementDecided`` — record the object's placement (reports of clusters it
   left are dropped); a deleted object's record is removed.
-* ``MemberStatusObserved`` — record the member's latest report.
+* ``MemberStatusObserved`` — record the member's latest report; flush only if the
+  placement names its cluster (a fold reads no other: the removed copy of a
+  released cluster reports its end after the decision that dropped it, and a
+  report that comes before its decision is folded when the decision comes).
 * ``ClusterObserved`` — record whether the cluster is Ready in a bucket every
   replica follows (a cluster event reaches one replica only); a change re-folds
   every object placed there, so a dead cluster's members turn stale at once.
@@ -16,7 +19,13 @@ them and folds each object once more (writes that change nothing are skipped).
 **Writing.** The handler only records and marks the object dirty; one flush per
 object runs `coalesce_window` seconds later and folds whatever arrived meanwhile
 (`flotilla.aggregator.aggregation.fold`), so nine member reports of a 3/3/3
-Deployment become one hub write. One flush per object writes at a time (what arrives
+Deployment become one hub write. A busy aggregator (more than `BUSY_FLUSHES`
+flushes waiting) stretches the window in proportion, up to `BUSY_WINDOW`: in a
+drain of a thousand objects each one's reports (its new copy created, then
+ready, its old copy released) come a second or so apart, and every flush is two
+hub writes that the hub, its watchers and this replica pay for while the drain
+itself waits for CPU; the hub then shows a status up to that much later, and
+an idle aggregator writes as soon as before. One flush per object writes at a time (what arrives
 meanwhile is folded by the next), so an older fold never lands last. A flush starts
 from the hub object as this replica last wrote it (else it reads it), writes the
 status through the status subresource (a merge patch of what changed) and the
@@ -76,6 +85,10 @@ SERVICE = "aggregator"
 COMPONENT = "flotilla-aggregator"
 WRITE_ATTEMPTS = 5
 CAS_ATTEMPTS = 8
+BUSY_FLUSHES = 64
+"""Flushes waiting to start beyond which a new one waits longer than the window."""
+BUSY_WINDOW = 2.0
+"""The longest a busy aggregator's flush waits (seconds; never less than the window)."""
 REMEMBERED = 10_000
 """Objects whose record and hub object a replica remembers (the least recently
 used are forgotten: they are read again when next needed)."""
@@ -253,8 +266,10 @@ class Aggregator:
     async def on_member_status_observed(self, event: Received[events.MemberStatusObserved]) -> None:
         observed = event.payload
         report = MemberReport.of(observed, event.envelope.produced_at)
-        await self._update(observed.ref.key, lambda r: r.with_report(report))
-        self.schedule(observed.ref.key)
+        record = await self._update(observed.ref.key, lambda r: r.with_report(report))
+        placement = record.placement if record is not None else None
+        if placement is not None and any(p.cluster == observed.cluster for p in placement.clusters):
+            self.schedule(observed.ref.key)
 
     async def on_cluster_observed(self, event: Received[events.ClusterObserved]) -> None:
         observed, revision = event.payload, event.envelope.revision
@@ -287,11 +302,19 @@ class Aggregator:
         if key in self._writing:
             self._again.add(key)
         elif key not in self._pending:
-            wait = self.window if delay is None else delay
+            wait = self.flush_delay() if delay is None else delay
             task = asyncio.create_task(self._flush_later(key, wait))
             self._pending[key] = task
             self._flushes.add(task)
             task.add_done_callback(self._flushes.discard)
+
+    def flush_delay(self) -> float:
+        """How long a new flush waits: the window, stretched in proportion to the
+        flushes already waiting beyond `BUSY_FLUSHES` (at most `BUSY_WINDOW`)."""
+        waiting = len(self._pending)
+        if waiting <= BUSY_FLUSHES:
+            return self.window
+        return max(self.window, min(self.window * waiting / BUSY_FLUSHES, BUSY_WINDOW))
 
     async def _flush_later(self, key: str, delay: float) -> None:
         await asyncio.sleep(delay)

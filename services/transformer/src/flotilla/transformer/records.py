@@ -5,7 +5,9 @@
   and an analysis alone does not say where it runs; each arrives by itself and
   the works are rendered from both), and the works it holds: its own work per
   cluster and the dependencies it needs there. What it held is what a later
-  render removes when it is no longer wanted.
+  render removes when it is no longer wanted; and, per cluster, the content of
+  the own work last published there (`ObjectRecord.published`), so a decision
+  that changes nothing on a cluster but its id sends that cluster nothing.
 * `DependentsRecord` (bucket ``transformer-dependents``, one per ``as-needed``
   dependency): which placed objects need it on which cluster. Several objects
   share a dependency and may be handled by different replicas at once, so it is
@@ -36,6 +38,10 @@ class ObjectRecord(_Record):
     works: dict[str, list[ObjectRef]] = Field(default_factory=dict)
     """Cluster → the dependencies held there, for every cluster the object's own
     work was sent to (and not removed since)."""
+    published: dict[str, str] = Field(default_factory=dict)
+    """Cluster → `flotilla.transformer.service.own_digest` of the own work last
+    published there (its manifest without the decision annotation), for
+    clusters in `works` only; recorded after the publish, with the rest of the record."""
 
     @property
     def renderable(self) -> bool:

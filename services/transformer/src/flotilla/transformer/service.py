@@ -32,7 +32,9 @@ One reconciliation (`Transformer.reconcile`):
    where their content is not what was last published there (the first dependent
    arrives, or the dependency renders differently now: a further dependent alone
    publishes nothing, so a namespace of n objects is not n Namespace works), then
-   the object's own works, then removals (``manifest: None``): the object's own on
+   the object's own works where they differ from what was last published there
+   (`own_digest`: the manifest without the decision annotation),
+   then removals (``manifest: None``): the object's own on
    clusters that left the decision, and each dependency's on clusters where
    nobody needs it now; then record in the dependents records what was published;
 6. write the record (compare-and-set; a lost race reconciles again).
@@ -58,6 +60,13 @@ Decisions where the brief is silent:
   render (its next analysis or decision), not by itself.
 * A dependency's work carries the decision id of the render that sent it; the
   hub generation annotation is the dependency's own.
+* Likewise an own work is sent only where the decision changed its manifest (its
+  share, the object, its transformations), not for a new decision id or a new
+  state alone: a drain's two decisions per object (the share moved off a cluster
+  that turns Retiring and keeps its copy, then that cluster released) would
+  otherwise re-send, re-apply and re-report every copy that stays as it was. Such
+  a copy keeps the decision annotation of the decision that last changed it, and
+  its last work event the state it was sent with (the syncer acts on manifests only).
 """
 
 from __future__ import annotations
@@ -312,6 +321,13 @@ def content_digest(manifest: Mapping[str, Any]) -> str:
     return rendering.digest({**manifest, "metadata": metadata})
 
 
+def own_digest(work: Rendered, uid: str) -> str:
+    """What an own work says to its cluster: the hub object's uid and the manifest's
+    `content_digest` (equal digests, nothing to send). Not its state: a copy turning
+    Retiring keeps its manifest, and the syncer applies manifests, not states."""
+    return f"{uid}:{content_digest(work.manifest)}"
+
+
 class Transformer:
     """One replica's handlers and the state they share."""
 
@@ -453,6 +469,7 @@ class Transformer:
         wanted: dict[str, list[ObjectRef]] = {}
         outgoing = _Outgoing([], [], [], [])
         dependency_objects: dict[str, JsonObject] = {}
+        published: dict[str, str] = {}
         if record.renderable:
             analyzed, decision = record.analyzed, record.decision
             assert analyzed is not None and decision is not None
@@ -474,10 +491,19 @@ class Transformer:
                 # what it has until a render succeeds or the object leaves it.
                 if failure.cluster not in record.works:
                     wanted.pop(failure.cluster, None)
-            outgoing.own = [
-                self._work(work, decision.decision_id, analyzed.object, record.analyzed_revision)
-                for work in rendered
-            ]
+            for work in rendered:
+                digest = own_digest(work, record.uid)
+                published[work.cluster] = digest
+                if work.cluster in record.works and record.published.get(work.cluster) == digest:
+                    continue  # the same content there: only the decision id would differ
+                analyzed_at = record.analyzed_revision
+                outgoing.own.append(
+                    self._work(work, decision.decision_id, analyzed.object, analyzed_at)
+                )
+            for failure in failed:
+                # What that cluster keeps is still what was last published there.
+                if failure.cluster in record.published:
+                    published[failure.cluster] = record.published[failure.cluster]
         decision_id = record.decision.decision_id if record.decision else ""
         try:
             await self._move_dependents(record, wanted, dependency_objects, outgoing)
@@ -501,7 +527,12 @@ class Transformer:
             self._dependents_settle(outgoing, published=True)
         await self._dependents_wait(outgoing.waiting)
         await self._recheck(outgoing.dependency_removals, dependency_objects, decision_id)
-        final = record.model_copy(update={"works": wanted})
+        final = record.model_copy(
+            update={
+                "works": wanted,
+                "published": {c: d for c, d in published.items() if c in wanted},
+            }
+        )
         if not wanted and record.analyzed is None and record.decision is None:
             if revision:
                 await self.objects.delete(key, revision)
