@@ -20,6 +20,14 @@ Renewal never waits for a drain: a partition being given up drains in a task of
 its own while `tick` keeps renewing every lease still held, its own included, so a
 slow key (a drain may take up to the consumer's ack wait, longer than the lease
 TTL) can never let this replica's other leases lapse.
+
+Renewal is also the first thing a round does, all of a replica's leases at once
+(one round trip, not one per partition), before the membership heartbeat and
+listing: on a replica whose event loop is busy with handlers every round trip
+waits its turn, and sixteen of them one after another used to let leases lapse
+under load (a lapse moves the partition, and messages the old owner still held
+come back late, after newer ones of the same key). The listing reads this group's
+membership keys only, not every service's leases and members.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 log = logging.getLogger(__name__)
 
@@ -87,25 +95,27 @@ class PartitionLeases:
         return f"{self._group}.p{partition}"
 
     async def members(self) -> list[str]:
+        """The live members of this group (their membership keys; other groups'
+        keys and the leases are not read)."""
         prefix = f"{self._group}.members."
+        watcher = await self._kv.watch(f"{prefix}>", ignore_deletes=True, meta_only=True)
+        names = []
         try:
-            keys = await self._kv.keys()
-        except NoKeysError:
-            return []
-        return sorted(k[len(prefix) :] for k in keys if k.startswith(prefix))
+            async for entry in watcher:
+                if entry is None:  # nothing more held now
+                    break
+                names.append(entry.key[len(prefix) :])
+        finally:
+            await watcher.stop()
+        return sorted(names)
 
-    async def tick(self) -> set[int]:
-        """One round: heartbeat, renew, start giving up what is no longer ours,
-        acquire the rest. Never waits for a partition to drain."""
-        await self._kv.put(f"{self._group}.members.{self._instance}", b"1")
-        members = await self.members()
-        if self._instance not in members:
-            members.append(self._instance)
-        owners = assignment(self._partitions, members)
-        desired = {p for p, member in owners.items() if member == self._instance}
-
+    async def renew(self) -> None:
+        """Renew every lease held, all at once; a lease found taken or expired is
+        given up (its partition stops)."""
         async with self._lock:
-            for partition, revision in list(self.owned.items()):
+            held = list(self.owned.items())
+
+            async def renew_one(partition: int, revision: int) -> None:
                 try:
                     self.owned[partition] = await self._kv.update(
                         self._lease_key(partition), self._instance.encode(), last=revision
@@ -113,11 +123,29 @@ class PartitionLeases:
                 except (KeyWrongLastSequenceError, KeyNotFoundError):
                     log.warning("lease on partition %d was lost; stopping it", partition)
                     self.lost += 1
-                    del self.owned[partition]
+                    self.owned.pop(partition, None)
                     self._release_later(partition)
-                    continue
-                if partition not in desired:
-                    self._release_later(partition)
+
+            outcomes = await asyncio.gather(
+                *(renew_one(p, r) for p, r in held), return_exceptions=True
+            )
+        for outcome in outcomes:  # every renewal has ended; a failed round is retried
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    async def tick(self) -> set[int]:
+        """One round: renew, heartbeat, start giving up what is no longer ours,
+        acquire the rest. Never waits for a partition to drain."""
+        await self.renew()
+        await self._kv.put(f"{self._group}.members.{self._instance}", b"1")
+        members = await self.members()
+        if self._instance not in members:
+            members.append(self._instance)
+        owners = assignment(self._partitions, members)
+        desired = {p for p, member in owners.items() if member == self._instance}
+        for partition in list(self.owned):
+            if partition not in desired:
+                self._release_later(partition)
 
         for partition in sorted(desired - self.owned.keys() - self.releasing.keys()):
             try:
