@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 import ssl
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
-from flotilla.kubesim.server import KubeSim
+from flotilla.kubesim.server import KubeSim, listen_backlog
 from flotilla.kubesim.testing import api_client, auth_session
 
 
@@ -70,3 +71,31 @@ async def test_the_official_client_connects_with_the_kubeconfig_alone(hub: KubeS
             api.close()
 
     assert "kube-system" in await asyncio.to_thread(list_namespaces)
+
+
+async def test_a_burst_of_connections_to_a_busy_server_is_queued_not_dropped(
+    hub: KubeSim,
+) -> None:
+    """Like a real API server (Go listens with the system's somaxconn), kubesim keeps
+    a burst of new connections queued while it is busy, rather than letting the
+    kernel drop them: with aiohttp's 128 each connect past the queue waited for a SYN
+    retransmission, and a client's 5 s connect timeout failed against a hub that
+    was only busy. The event loop is held here (nothing is accepted meanwhile)."""
+    burst = 300
+    assert listen_backlog() > burst  # this machine's somaxconn
+    host, port = "127.0.0.1", int(hub.url.rsplit(":", 1)[1])
+    sockets: list[socket.socket] = []
+    refused = 0
+    try:
+        for _ in range(burst):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.settimeout(0.2)
+            sockets.append(sock)
+            try:
+                sock.connect((host, port))  # blocks the loop: the server accepts nothing
+            except OSError:
+                refused += 1
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert refused == 0

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import secrets
+import socket
 import ssl
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping
@@ -264,6 +265,19 @@ _ACTION_DISCOVERY: dict[tuple[str, str], list[dict[str, Any]]] = {
 }
 
 
+def listen_backlog() -> int:
+    """The listen queue a real API server gets: Go's ``net.Listen`` asks for the
+    system's ``somaxconn`` (4096 on current Linux), where aiohttp asks for 128. With
+    128, a burst of clients opening connections while the server is busy (a hundred
+    objects' status writes at once) overflows the queue, and the kernel drops their
+    SYNs: each such connect then takes a retransmission (1 s, 3 s …) and clients
+    with a 5 s connect timeout fail against a server that is merely busy."""
+    try:
+        return int(Path("/proc/sys/net/core/somaxconn").read_text().strip())
+    except (OSError, ValueError):
+        return socket.SOMAXCONN
+
+
 class KubeSim:
     """One simulated Kubernetes cluster (or a bare API server when `hub=True`)."""
 
@@ -333,7 +347,9 @@ class KubeSim:
                     self._tls_dir,
                 )
                 context = tls_certs.server_context(serving)
-            site = web.TCPSite(runner, self.host, self.port, ssl_context=context)
+            site = web.TCPSite(
+                runner, self.host, self.port, ssl_context=context, backlog=listen_backlog()
+            )
             await site.start()
             self.port = int(runner.addresses[0][1])
             scheme = "https" if context is not None else "http"
