@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import aiohttp
 import pytest
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config
@@ -153,3 +154,28 @@ async def test_a_permanent_sink_error_skips_the_event_and_a_transient_one_retrie
             await core.create_namespaced_config_map("default", config_map(name))
         await eventually(lambda: ("changed", "after") in sink.seen)
     assert sink.seen == [("failed", "flaky"), ("changed", "flaky"), ("changed", "after")]
+
+
+async def test_a_watch_connection_closed_under_a_read_is_resumed(
+    kubesim_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiohttp raises RuntimeError("Connection closed.") when the connection goes away
+    under a read with neither an end nor an error fed to the stream; the watch resumes
+    from its position instead of the loop dying."""
+    hub = await kubesim_factory("hub", hub=True)
+    positions = MemoryPositions()
+    real_readuntil = aiohttp.StreamReader.readuntil
+    broken: list[bool] = []
+
+    async def closing_once(self: aiohttp.StreamReader, *args: Any, **kwargs: Any) -> bytes:
+        if not broken and positions.value is not None:
+            broken.append(True)
+            raise RuntimeError("Connection closed.")
+        return await real_readuntil(self, *args, **kwargs)
+
+    monkeypatch.setattr(aiohttp.StreamReader, "readuntil", closing_once)
+    async with watching(hub, positions) as (sink, core):
+        await eventually(lambda: bool(broken))
+        await core.create_namespaced_config_map("default", config_map("after"))
+        await eventually(lambda: ("changed", "after") in sink.seen)
+    assert sink.relists == [[]]  # resumed from its position, not re-listed

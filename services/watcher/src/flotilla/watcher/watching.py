@@ -163,7 +163,15 @@ class TypeClient:
             if response.status >= 300:
                 raise _error(response.status, await response.text())
             while True:
-                line = await response.content.readline(max_line_length=MAX_EVENT_LINE)
+                try:
+                    line = await response.content.readline(max_line_length=MAX_EVENT_LINE)
+                except RuntimeError as exc:
+                    # aiohttp's word for a connection that went away under a read
+                    # with neither an end nor an error fed to the stream (seen on a
+                    # busy hub): a broken watch like any other, resumed from its position.
+                    if "Connection closed" not in str(exc):
+                        raise
+                    raise aiohttp.ClientConnectionError(f"watch connection closed: {exc}") from exc
                 if not line:
                     return
                 if not line.strip():
