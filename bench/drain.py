@@ -810,12 +810,17 @@ async def outage(kubeconfig: Path, down: bool) -> None:
 
 
 async def flotilla_objects_on(kubeconfig: Path) -> int:
+    return len(await flotilla_deployments_on(kubeconfig))
+
+
+async def flotilla_deployments_on(kubeconfig: Path) -> list[str]:
+    """namespace/name of the Deployments Flotilla put on a member."""
     client = await kube.client_from_kubeconfig(kubeconfig)
     async with client:
         listed = await k8s.AppsV1Api(client).list_deployment_for_all_namespaces(
             label_selector=ORIGIN_LABEL
         )
-        return len(listed.items)
+        return sorted(f"{d.metadata.namespace}/{d.metadata.name}" for d in listed.items)
 
 
 @dataclass(frozen=True)
@@ -932,6 +937,7 @@ async def measure(fleet: Fleet, opts: RealOptions, target: str) -> dict[str, Any
 
             # After the milestone: the hub whole again, the member emptied.
             member_empty: float | None = None
+            left_on_member: list[str] = []
             with contextlib.suppress(TimeoutError):
 
                 async def whole() -> bool:
@@ -946,6 +952,8 @@ async def measure(fleet: Fleet, opts: RealOptions, target: str) -> dict[str, Any
 
                     await until(empty, 60, f"no Flotilla objects on {target}")
                     member_empty = prober.elapsed()
+                if member_empty is None:
+                    left_on_member = await flotilla_deployments_on(fleet.kubeconfig(target))
             counter.counting = False
             warnings = Counter(
                 f"{e.type}/{e.reason}"
@@ -1005,6 +1013,8 @@ async def measure(fleet: Fleet, opts: RealOptions, target: str) -> dict[str, Any
                 "seconds_to_half_moved": prober.moved(0.5),
                 "seconds_to_90_percent_moved": prober.moved(0.9),
                 "seconds_to_member_empty": member_empty,
+                "left_on_member": left_on_member[:10],
+                "left_on_member_count": len(left_on_member),
             }
         )
     result.update(
