@@ -4,6 +4,7 @@ kubesim hub and members over HTTP, NATS JetStream, Redis. The tests publish the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections import defaultdict
@@ -257,6 +258,49 @@ async def test_push_mode_applies_reports_repairs_and_removes(parts: Parts) -> No
 
             await eventually(deleted, timeout=20, what="the member Deployment deleted")
             await eventually(lambda: not w.statuses(key, "east")[-1].exists, what="a gone report")
+
+
+async def test_a_removal_during_a_repair_of_the_same_work_leaves_nothing_behind(
+    parts: Parts,
+) -> None:
+    """A copy deleted on the member (its namespace's removal deletes every object in
+    it) is being applied again by the agent's repair when the copy's own removal
+    arrives: the removal waits for the repair and deletes what it re-created, never
+    leaving a copy that no work describes."""
+    async with world(parts, members=("east",)) as w:
+        await w.register("east")
+        async with syncer(w.settings()) as running:
+            east = w.members["east"]
+            manifest = deployment(replicas=1)
+            ref = events.ObjectRef.of(manifest)
+            await w.bus.publish(work(manifest, "east"))
+            await eventually(lambda: member_object(east, DEPLOY_PATH), timeout=20, what="applied")
+
+            app = running.app
+            real_apply = app.apply
+            entered, gate = asyncio.Event(), asyncio.Event()
+
+            async def held_apply(*args: Any, **kwargs: Any) -> None:
+                entered.set()  # the repair's apply: held until the removal is in
+                await gate.wait()
+                await real_apply(*args, **kwargs)
+
+            app.apply = held_apply  # type: ignore[method-assign]
+            async with api_client(east) as api:
+                await k8s.AppsV1Api(api).delete_namespaced_deployment("web", "shop")
+            await asyncio.wait_for(entered.wait(), 20)
+            before = handled(running)
+            await w.bus.publish(work(None, "east", ref=ref, decision="d2"))
+            await asyncio.sleep(1.0)  # time for a removal that did not wait to finish
+            gate.set()
+            await eventually(lambda: handled(running) > before, timeout=20, what="the removal")
+
+            async def gone() -> bool:
+                return await member_object(east, DEPLOY_PATH) is None
+
+            await eventually(gone, timeout=20, what="no copy left on the member")
+            await asyncio.sleep(1.0)
+            assert await member_object(east, DEPLOY_PATH) is None
 
 
 def _applied_by_flotilla(obj: dict[str, Any]) -> list[Any]:

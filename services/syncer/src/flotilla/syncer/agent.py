@@ -212,13 +212,21 @@ class ClusterAgent:
         await self.repair(key, record, "deleted")
 
     async def repair(self, key: str, record: WorkRecord, why: str) -> None:
-        """Apply the last work again; failures are logged, the next event retries."""
-        log.info("%s on %s was %s on the member: applying it again", key, self.cluster, why)
-        try:
-            async with self.syncer.members.connection(self.cluster) as api:
-                await self.syncer.apply(api, self.cluster, record.manifest)
-        except FlotillaError as exc:
-            log.warning("could not set back %s on %s: %s", key, self.cluster, exc)
+        """Apply the last work again; failures are logged, the next event retries.
+        Never beside the work's own handler, and only while `record` is still the
+        work recorded (a removal or a newer work handled meanwhile says otherwise)."""
+        async with self.syncer.work_lock(key):
+            if self.syncer.index.get(key) != record:
+                log.info(
+                    "%s on %s was %s on the member: its work changed since", key, self.cluster, why
+                )
+                return
+            log.info("%s on %s was %s on the member: applying it again", key, self.cluster, why)
+            try:
+                async with self.syncer.members.connection(self.cluster) as api:
+                    await self.syncer.apply(api, self.cluster, record.manifest)
+            except FlotillaError as exc:
+                log.warning("could not set back %s on %s: %s", key, self.cluster, exc)
 
     def forget(self, key: str) -> None:
         """Drop what the agent keeps for a work that was removed."""

@@ -24,6 +24,14 @@ back what was edited and recreates what was deleted by hand, and a syncer killed
 mid-apply gets the event again (the bus redelivers it unacknowledged) and
 applies it again, which is harmless.
 
+**One thing at a time per work.** A work's handler and the agent's repair of the
+same work (a watch saw its member object deleted or edited) never overlap
+(`Syncer.work_lock`), and a repair applies only the work still recorded when it
+gets its turn. Without that, a removal could run while a repair was re-applying
+the copy (the object deleted on the member a moment earlier, as its namespace's
+removal does to every object in it): the removal found nothing to delete, the
+repair then created it, and the member kept a copy no work described.
+
 **Deleting.** Only a member object that carries the ``flotilla.io/origin`` label
 and whose ``flotilla.io/origin`` annotation names the removed work's hub object;
 anything else is left alone with a log line. Deciding *when* an as-needed
@@ -52,9 +60,10 @@ manifests needs push mode.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +180,7 @@ class Syncer:
         self.applying: set[str] = set()
         """Work keys whose handler is applying them now: a watch's list that misses
         one of them is early, not looking at a deletion."""
+        self._work_locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
     @property
     def service(self) -> str:
@@ -185,6 +195,22 @@ class Syncer:
         if self.own_cluster is not None:
             return cluster == self.own_cluster
         return cluster not in self.pull_clusters
+
+    @contextlib.asynccontextmanager
+    async def work_lock(self, key: str) -> AsyncIterator[None]:
+        """Held by a work's handler and by a repair of it (module docstring); kept
+        only while someone holds or waits for it."""
+        lock, users = self._work_locks.get(key) or (asyncio.Lock(), 0)
+        self._work_locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._work_locks[key]
+            if users == 1:
+                del self._work_locks[key]
+            else:
+                self._work_locks[key] = (lock, users - 1)
 
     # --- the work index ----------------------------------------------------------------
 
@@ -232,6 +258,10 @@ class Syncer:
             if not self.serves(work.cluster):
                 return
         key = events.work_key(work.ref, work.cluster)
+        async with self.work_lock(key):
+            await self._handle(key, work)
+
+    async def _handle(self, key: str, work: WorkRendered) -> None:
         if work.manifest is None:
             await self.remove(key, work)
             return
