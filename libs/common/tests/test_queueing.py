@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from flotilla.common.queueing import KeyedQueue, Retry
+from flotilla.common.queueing import KeyedLocks, KeyedQueue, Retry
 
 
 @dataclass(eq=False)
@@ -296,3 +296,37 @@ async def test_a_late_delivery_below_what_the_key_did_is_processed_not_dropped()
     assert not late.acked_as_duplicate
     assert again.acked_as_duplicate
     await queue.drain(1)
+
+
+async def test_keyed_locks_exclude_per_key_and_are_kept_only_while_in_use() -> None:
+    locks = KeyedLocks()
+    order: list[str] = []
+    inside = asyncio.Event()
+    release = asyncio.Event()
+
+    async def first() -> None:
+        async with locks.hold("a"):
+            order.append("a1 in")
+            inside.set()
+            await release.wait()
+            order.append("a1 out")
+
+    async def second() -> None:
+        async with locks.hold("a"):
+            order.append("a2 in")
+
+    async def other() -> None:
+        async with locks.hold("b"):
+            order.append("b in")
+
+    one = asyncio.create_task(first())
+    await inside.wait()
+    two = asyncio.create_task(second())
+    await other()  # another key never waits for "a"
+    await asyncio.sleep(0)
+    assert order == ["a1 in", "b in"]
+    assert len(locks) == 1  # "a": held and waited for; "b" already forgotten
+    release.set()
+    await asyncio.gather(one, two)
+    assert order == ["a1 in", "b in", "a1 out", "a2 in"]
+    assert len(locks) == 0

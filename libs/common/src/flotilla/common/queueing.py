@@ -29,7 +29,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -233,3 +233,30 @@ class KeyedQueue(Generic[D]):
 
     async def wait_idle(self) -> None:
         await self._idle.wait()
+
+
+class KeyedLocks:
+    """One `asyncio.Lock` per key, for work on one key that must not overlap (a
+    handler and a background repair of the same object); a key's lock is kept only
+    while someone holds or waits for it, so memory follows the keys in use."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    def __len__(self) -> int:
+        """Keys whose lock is held or waited for."""
+        return len(self._locks)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)

@@ -63,7 +63,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,7 @@ from flotilla.common.dispatch import EventBus, Received
 from flotilla.common.errors import ConfigError, FlotillaError, InvalidObject
 from flotilla.common.events import ObjectRef, WorkRendered
 from flotilla.common.members import MemberClients
+from flotilla.common.queueing import KeyedLocks
 from flotilla.common.rediscapacity import RedisCapacityCache
 from flotilla.common.router import Router
 from flotilla.common.service import Runtime
@@ -180,7 +181,7 @@ class Syncer:
         self.applying: set[str] = set()
         """Work keys whose handler is applying them now: a watch's list that misses
         one of them is early, not looking at a deletion."""
-        self._work_locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._work_locks = KeyedLocks()
 
     @property
     def service(self) -> str:
@@ -196,21 +197,9 @@ class Syncer:
             return cluster == self.own_cluster
         return cluster not in self.pull_clusters
 
-    @contextlib.asynccontextmanager
-    async def work_lock(self, key: str) -> AsyncIterator[None]:
-        """Held by a work's handler and by a repair of it (module docstring); kept
-        only while someone holds or waits for it."""
-        lock, users = self._work_locks.get(key) or (asyncio.Lock(), 0)
-        self._work_locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._work_locks[key]
-            if users == 1:
-                del self._work_locks[key]
-            else:
-                self._work_locks[key] = (lock, users - 1)
+    def work_lock(self, key: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """Held by a work's handler and by a repair of it (module docstring)."""
+        return self._work_locks.hold(key)
 
     # --- the work index ----------------------------------------------------------------
 

@@ -97,6 +97,7 @@ from flotilla.common.events import (
     WorkRendered,
 )
 from flotilla.common.middleware import Reporter
+from flotilla.common.queueing import KeyedLocks
 from flotilla.common.router import Router
 from flotilla.common.service import Runtime
 from flotilla.common.store import Conflict, Store
@@ -345,7 +346,7 @@ class Transformer:
         self.objects = objects
         self.dependents = dependents
         self.reporter = reporter
-        self._dependency_locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._dependency_locks = KeyedLocks()
         """Dependency key → its lock and how many updates hold or wait for it."""
         self._publishing: dict[tuple[str, str, str], asyncio.Future[bool]] = {}
         """(dependency key, cluster, digest) → whether the render publishing that
@@ -659,17 +660,8 @@ class Transformer:
         one record; run concurrently they lose the compare-and-set to each other and
         read (parse) the growing record again for each retry. Serialising them here
         leaves the compare-and-set to settle only races with other replicas."""
-        lock, users = self._dependency_locks.get(key, (asyncio.Lock(), 0))
-        self._dependency_locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._dependency_locks[key]
-            if users == 1:
-                del self._dependency_locks[key]
-            else:
-                self._dependency_locks[key] = (lock, users - 1)
+        async with self._dependency_locks.hold(key):
+            yield
 
     async def _dependents_update(
         self,
