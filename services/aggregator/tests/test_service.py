@@ -42,6 +42,18 @@ class Setup:
     async def resource(self, obj: Any) -> Any:
         return await kube.resource_for(self.dyn, obj["apiVersion"], obj["kind"])
 
+    def count_hub_reads(self) -> list[int]:
+        """From now on, count the aggregator's reads of the hub (in the one element)."""
+        counted = [0]
+        real_get = self.app.dyn.get
+
+        async def counted_get(*args: Any, **kwargs: Any) -> Any:
+            counted[0] += 1
+            return await real_get(*args, **kwargs)
+
+        self.app.dyn.get = counted_get  # type: ignore[method-assign]
+        return counted
+
     async def create(self, obj: Any) -> dict[str, Any]:
         return kube.checked(await self.dyn.create(await self.resource(obj), body=obj))
 
@@ -359,19 +371,11 @@ async def test_a_changed_fold_is_written_without_reading_the_hub_first(
     is the write's precondition, so a flush that changes something costs the writes only."""
     async with aggregator(kubesim_factory, nats_server, f"ag{unique}") as s:
         obj = await s.create(web(3))
-        real_get = s.dyn.get
-        reads = 0
-
-        async def counted_get(*args: Any, **kwargs: Any) -> Any:
-            nonlocal reads
-            reads += 1
-            return await real_get(*args, **kwargs)
-
-        s.app.dyn.get = counted_get  # type: ignore[method-assign]
+        reads = s.count_hub_reads()
         await s.placed(obj, ("a", 3, A))
         await s.member(obj, "a", replicas=3, readyReplicas=1, availableReplicas=1)
         await eventually(lambda: s.app.status_writes == 1, what="first write")
-        first = reads
+        first = reads[0]
         await s.member(obj, "a", **FULL)
 
         async def written() -> dict[str, Any] | None:
@@ -380,7 +384,7 @@ async def test_a_changed_fold_is_written_without_reading_the_hub_first(
 
         await eventually(written, what="the second report on the hub")
         await eventually(lambda: not s.app._flushes, what="every flush done")
-        assert (first, reads, s.app.status_writes) == (1, 1, 2)
+        assert (first, reads[0], s.app.status_writes) == (1, 1, 2)
 
 
 async def test_a_report_of_a_cluster_the_placement_does_not_name_flushes_nothing(
@@ -395,15 +399,7 @@ async def test_a_report_of_a_cluster_the_placement_does_not_name_flushes_nothing
         await s.member(obj, "a", **FULL)
         await eventually(lambda: s.app.status_writes == 1, what="first write")
         await eventually(lambda: not s.app._flushes, what="every flush done")
-        real_get = s.app.dyn.get
-        reads = 0
-
-        async def counted_get(*args: Any, **kwargs: Any) -> Any:
-            nonlocal reads
-            reads += 1
-            return await real_get(*args, **kwargs)
-
-        s.app.dyn.get = counted_get  # type: ignore[method-assign]
+        reads = s.count_hub_reads()
         await s.member(obj, "b", replicas=2, readyReplicas=2, availableReplicas=2)
 
         async def recorded() -> bool:
@@ -412,7 +408,7 @@ async def test_a_report_of_a_cluster_the_placement_does_not_name_flushes_nothing
 
         await eventually(recorded, what="b's report recorded")
         await asyncio.sleep(0.5)  # past the coalesce window
-        assert (reads, s.app._flushes, s.app.status_writes) == (0, set(), 1)
+        assert (reads[0], s.app._flushes, s.app.status_writes) == (0, set(), 1)
 
         await s.placed(obj, ("a", 3, A), ("b", 2, A))
 

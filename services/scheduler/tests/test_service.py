@@ -9,6 +9,7 @@ by the test, so every step is explicit and nothing depends on timing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -183,6 +184,22 @@ async def close(bus: Bus, tasks: list[asyncio.Task[None]]) -> None:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     await bus.close()
+
+
+@contextlib.asynccontextmanager
+async def two_replicas(
+    nats_server: NatsServer, unique: str
+) -> AsyncIterator[tuple[Harness, Harness]]:
+    """Two scheduler replicas on one bus prefix and one capacity cache."""
+    cache = FakeCapacityCache()
+    prefix = f"s{unique}"
+    one = await open_scheduler(nats_server.url, prefix, cache)
+    two = await open_scheduler(nats_server.url, prefix, cache)
+    try:
+        yield Harness(one[0], one[1], cache), Harness(two[0], two[1], cache)
+    finally:
+        await close(one[0], one[2])
+        await close(two[0], two[2])
 
 
 @pytest.fixture
@@ -458,13 +475,7 @@ async def test_lost_compare_and_set_redecides_from_the_winner(
 ) -> None:
     """Two replicas decide the same object from the same record; one write wins and
     the other decides again from it instead of overwriting it."""
-    cache = FakeCapacityCache()
-    prefix = f"s{unique}"
-    one = await open_scheduler(nats_server.url, prefix, cache)
-    two = await open_scheduler(nats_server.url, prefix, cache)
-    try:
-        first = Harness(one[0], one[1], cache)
-        second = Harness(two[0], two[1], cache)
+    async with two_replicas(nats_server, unique) as (first, second):
         await first.cluster(small("a", "8"))
         web = make_deployment("web", replicas=2).build()
         await first.analyzed(web)
@@ -480,9 +491,6 @@ async def test_lost_compare_and_set_redecides_from_the_winner(
             [],
             [("a", 2)],
         ]
-    finally:
-        await close(one[0], one[2])
-        await close(two[0], two[2])
 
 
 def harness_active(record: PlacementRecord) -> dict[str, int | None]:
@@ -1039,13 +1047,7 @@ async def test_a_lost_compare_and_set_in_a_batch_publishes_nothing_for_it_and_ho
     """Three objects decided in one batch; another replica recorded the middle one
     meanwhile. Its write loses: it is decided again from the winner's record (what it
     publishes says so), while the other two are recorded and published once each."""
-    cache = FakeCapacityCache()
-    prefix = f"s{unique}"
-    one = await open_scheduler(nats_server.url, prefix, cache)
-    two = await open_scheduler(nats_server.url, prefix, cache)
-    try:
-        first = Harness(one[0], one[1], cache)
-        second = Harness(two[0], two[1], cache)
+    async with two_replicas(nats_server, unique) as (first, second):
         await first.cluster(small("a", "8"))
         await second.scheduler.clusters_view.sync(5.0)
         web, mid, db = (make_deployment(n, replicas=1).build() for n in ("web", "mid", "db"))
@@ -1064,9 +1066,6 @@ async def test_a_lost_compare_and_set_in_a_batch_publishes_nothing_for_it_and_ho
             [("a", 1)],
         ]
         assert harness_active(await second.record(mid.ref.key)) == {"a": 3}
-    finally:
-        await close(one[0], one[2])
-        await close(two[0], two[2])
 
 
 async def test_a_failed_publish_fails_only_its_own_event_and_its_redelivery_publishes(
