@@ -19,25 +19,25 @@ them and folds each object once more (writes that change nothing are skipped).
 **Writing.** The handler only records and marks the object dirty; one flush per
 object runs `coalesce_window` seconds later and folds whatever arrived meanwhile
 (`flotilla.aggregator.aggregation.fold`), so nine member reports of a 3/3/3
-Deployment become one hub write. A busy aggregator (more than `BUSY_FLUSHES`
-flushes waiting) stretches the window in proportion, up to `BUSY_WINDOW`: in a
-drain of a thousand objects each one's reports (its new copy created, then
-ready, its old copy released) come a second or so apart, and every flush is two
-hub writes that the hub, its watchers and this replica pay for while the drain
-itself waits for CPU; the hub then shows a status up to that much later, and
-an idle aggregator writes as soon as before. One flush per object writes at a
-time (what arrives meanwhile is folded by the next), so an older fold never lands last. A flush starts
-from the hub object as this replica last wrote it (else it reads it), writes the
-``flotilla.io/placement`` and ``flotilla.io/cluster-status`` annotations with a
-merge patch and then the status through the status subresource (a merge patch of
-what changed; the breakdown first, so whoever reads a status finds beside it the
-per-cluster entries it was folded from, a dead member already marked stale), each
-only when it differs and each with that ``resourceVersion`` as precondition: a 409 is retried from the latest object, and a fold that the
-remembered object already shows is checked against a fresh read before nothing is
-written. A flush that fails (hub unreachable) is retried with backoff; the record
-is durable, so nothing is lost meanwhile. Records are written by compare-and-set
-from the record this replica last wrote, without reading it first (a record
-changed meanwhile costs a `Conflict` and a read).
+Deployment become one hub write. A busy aggregator (more than `BUSY_FLUSHES` flushes
+waiting) stretches the window in proportion, up to `BUSY_WINDOW`: in a drain of a
+thousand objects each one's reports (its new copy created, then ready, its old copy
+released) come a second or so apart, and every flush is two hub writes that the hub,
+its watchers and this replica pay for while the drain itself waits for CPU; the hub
+then shows a status up to that much later, and an idle aggregator writes as soon as
+before. One flush per object writes at a time (what arrives meanwhile is folded by
+the next), so an older fold never lands last. A flush starts from the hub object as
+this replica last wrote it (else it reads it), writes the ``flotilla.io/placement``
+and ``flotilla.io/cluster-status`` annotations with a merge patch and then the
+status through the status subresource (a merge patch of what changed; the breakdown
+first, so whoever reads a status finds beside it the per-cluster entries it was
+folded from, a dead member already marked stale), each only when it differs and each
+with that ``resourceVersion`` as precondition: a 409 is retried from the latest
+object, and a fold that the remembered object already shows is checked against a
+fresh read before nothing is written. A flush that fails (hub unreachable) is
+retried with backoff; the record is durable, so nothing is lost meanwhile. Records
+are written by compare-and-set from the record this replica last wrote, without
+reading it first (a record changed meanwhile costs a `Conflict` and a read).
 
 **Interpreters.** The built-in ones, plus the hub's ResourceInterpreters, listed
 at start and every `interpreter_refresh` seconds (invalid ones are skipped: the
