@@ -364,7 +364,7 @@ async def test_a_killed_scheduler_recovers_its_work_in_flight_promptly_and_leaks
     cache = RedisCapacityCache.from_url(redis_server.url, prefix=prefix)
     env = scheduler_env(nats_server, redis_server, bus, prefix, FLOTILLA_RESERVATION_GRACE="2")
     names = [f"c{i}" for i in range(CLUSTERS)]
-    count = 300
+    count = 1500  # a batching scheduler decides 300 before a kill can land
     first = Scheduler(env, "sched-a", tmp_path / "sched-a.log")
     restarted: Scheduler | None = None
     try:
@@ -389,6 +389,7 @@ async def test_a_killed_scheduler_recovers_its_work_in_flight_promptly_and_leaks
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait()
         killed_at = time.monotonic()
+        assert not await recorded(count), "nothing was left in flight to recover"
         restarted = Scheduler(env, "sched-a", tmp_path / "sched-a-2.log")
 
         async def settled() -> bool:

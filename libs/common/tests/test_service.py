@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 from typing import Any
 
 import aiohttp
@@ -222,3 +224,31 @@ def test_main_runs_a_service_on_uvloop_until_it_is_stopped(
     service.main("svc", setup)
     assert isinstance(seen[0], uvloop.Loop)
     assert seen[1] == f"main{unique}"
+
+
+def test_a_sigterm_while_a_service_sets_up_stops_it_cleanly(
+    nats_server: NatsServer, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pod deleted right after it started gets SIGTERM while it is still setting
+    up: the service stops once set up, rather than dying of the default action."""
+    monkeypatch.setenv("FLOTILLA_NATS_URL", nats_server.url)
+    monkeypatch.setenv("FLOTILLA_STREAM_PREFIX", f"term{unique}")
+    monkeypatch.setenv("FLOTILLA_HEALTH_HOST", "127.0.0.1")
+    monkeypatch.setenv("FLOTILLA_HEALTH_PORT", "0")
+    unhandled: list[int] = []
+    # Stands in for the default action (which would end this test process): it only
+    # runs if the service did not take the signal itself.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: unhandled.append(signum))
+    stopped_by: list[str] = []
+
+    async def setup(runtime: service.Runtime) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(0.2)  # the signal is delivered while setting up
+        loop = asyncio.get_running_loop()
+        loop.call_later(5.0, lambda: (stopped_by.append("timer"), runtime.stop()))
+
+    try:
+        service.main("svc", setup)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert (unhandled, stopped_by) == ([], [])

@@ -295,7 +295,17 @@ def main(
     telemetry.setup(name)
 
     async def run() -> None:
+        # From the start, not only once set up: a SIGTERM while the service is still
+        # connecting (a pod deleted right after it started) stops it cleanly when the
+        # setup is done, instead of killing it half-way with the default action.
+        stop_asked = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(RuntimeError):  # not the main thread: no signals
+                loop.add_signal_handler(sig, stop_asked.set)
         async with started(settings, setup) as service:
+            if stop_asked.is_set():
+                service.runtime.stop()
             await service.runtime.wait()
             log.info("%s stopping", name)
 
