@@ -22,7 +22,7 @@ from kubernetes_asyncio.dynamic import DynamicClient
 from flotilla.common import kube
 from flotilla.common.config import Settings
 from flotilla.common.errors import ConfigError, InvalidObject, Unavailable
-from flotilla.common.testing import CRD_DIR
+from flotilla.common.testing import CRD_DIR, token_kubeconfig
 
 
 @pytest.mark.parametrize(
@@ -324,14 +324,7 @@ async def test_the_proxy_is_read_from_the_environment_once_when_the_client_is_bu
     for variable in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
         monkeypatch.delenv(variable, raising=False)
         monkeypatch.delenv(variable.lower(), raising=False)
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{server}"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "c",
-    }
+    kubeconfig = token_kubeconfig(f"http://127.0.0.1:{server}", "t")
     answered = []
     try:
         monkeypatch.setenv("HTTP_PROXY", f"http://someone:pw@127.0.0.1:{proxy}")

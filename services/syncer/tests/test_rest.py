@@ -13,6 +13,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from flotilla.common import kube
+from flotilla.common.testing import token_kubeconfig
 from flotilla.syncer import rest
 
 pytestmark = pytest.mark.integration
@@ -56,14 +57,7 @@ async def server() -> AsyncIterator[tuple[ApiClient, list[dict[str, Any]]]]:
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     port = runner.addresses[0][1]
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "m", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-        "users": [{"name": "m", "user": {"token": "member-token"}}],
-        "contexts": [{"name": "m", "context": {"cluster": "m", "user": "m"}}],
-        "current-context": "m",
-    }
+    kubeconfig = token_kubeconfig(f"http://127.0.0.1:{port}", "member-token", "m")
     try:
         async with await kube.client_from_kubeconfig(kubeconfig=kubeconfig) as api:
             yield api, seen

@@ -108,6 +108,19 @@ def service_settings(
     return settings_type(**values)
 
 
+def token_kubeconfig(server: str, token: str, name: str = "c") -> dict[str, Any]:
+    """A kubeconfig for `server` with a bearer `token` and one context, `name` (for
+    a test's own plain HTTP server standing in for an API server)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": {"server": server}}],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+        "current-context": name,
+    }
+
+
 @contextlib.contextmanager
 def kubeconfig_file(kubeconfig: Mapping[str, Any]) -> Iterator[Path]:
     """`kubeconfig` (a kubesim's ``kubeconfig()``) written to a private temporary file,
