@@ -10,12 +10,15 @@ from collections.abc import Iterator
 
 import pytest
 from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from flotilla.common import telemetry
 
@@ -240,3 +243,49 @@ def test_publish_and_process_spans_chain_across_a_message(
     assert f"{publish.context.trace_id:032x}" in follow_up["traceparent"]
     # The consumer span's context is detached afterwards.
     assert not trace.get_current_span().get_span_context().is_valid
+
+
+_W3C = TraceContextTextMapPropagator()
+_hex = st.text(alphabet="0123456789abcdef", min_size=0, max_size=34)
+_traceparents = st.one_of(
+    st.builds(
+        lambda v, t, s, f: f"{v}-{t}-{s}-{f}",
+        st.sampled_from(["00", "01", "ff", "0"]),
+        st.one_of(_hex, st.just("0" * 32), st.just("0af7651916cd43dd8448eb211c80319c")),
+        st.one_of(_hex, st.just("0" * 16), st.just("b7ad6b7169203331")),
+        st.sampled_from(["00", "01", "02", "ff", "1", "0g"]),
+    ),
+    st.text(max_size=60),
+)
+
+
+@given(
+    traceparent=_traceparents,
+    tracestate=st.one_of(st.none(), st.just("vendor=value"), st.just("a=1,b=2")),
+)
+def test_the_lean_context_path_reads_and_writes_what_the_w3c_propagator_does(
+    traceparent: str, tracestate: str | None
+) -> None:
+    # Without an SDK provider the span helpers parse and write traceparent
+    # themselves; whatever the header holds, the context must be the propagator's.
+    assert not isinstance(trace.get_tracer_provider(), TracerProvider)
+    headers = {"traceparent": traceparent}
+    if tracestate is not None:
+        headers["tracestate"] = tracestate
+    with telemetry.process_span("s", headers):
+        lean = trace.get_current_span().get_span_context()
+        written = telemetry.inject({})
+    expected = trace.get_current_span(_W3C.extract(headers)).get_span_context()
+    if expected.is_valid:
+        assert (lean.trace_id, lean.span_id, lean.trace_flags) == (
+            expected.trace_id,
+            expected.span_id,
+            expected.trace_flags,
+        )
+        assert lean.trace_state == expected.trace_state
+        reference: dict[str, str] = {}
+        _W3C.inject(reference, context=trace.set_span_in_context(trace.NonRecordingSpan(lean)))
+        assert written == reference
+    else:
+        assert lean.is_valid  # no usable parent: a new trace begins
+        assert lean.trace_id != expected.trace_id

@@ -216,7 +216,7 @@ class Bus:
         """Publish one event; `InvalidObject` (``ObjectTooLarge``, ``ObjectTooDeep``) when
         it can never be carried, `Unavailable` when NATS does not answer."""
         subject = self.topology.event_subject(event.type, event.key)
-        with telemetry.publish_span(subject, {}, message_id=event.id, tracer=self.tracer):
+        with telemetry.publish_span(subject, None, message_id=event.id, tracer=self.tracer):
             subject, headers, data = self._prepare(event)
             try:
                 return await self.js.publish(subject, data, headers=headers)
@@ -235,7 +235,7 @@ class Bus:
         try:
             for event in batch:
                 subject = self.topology.event_subject(event.type, event.key)
-                with telemetry.publish_span(subject, {}, message_id=event.id, tracer=self.tracer):
+                with telemetry.publish_span(subject, None, message_id=event.id, tracer=self.tracer):
                     subject, headers, body = self._prepare(event)
                     futures.append(await self.js.publish_async(subject, body, headers=headers))
             acks = await asyncio.gather(*futures)

@@ -156,7 +156,7 @@ class MemoryBus:
 
     async def publish(self, event: events.Envelope) -> PubAck:
         subject = self.topology.event_subject(event.type, event.key)
-        with telemetry.publish_span(subject, {}, message_id=event.id):
+        with telemetry.publish_span(subject, None, message_id=event.id):
             event, headers = stamped(event)
             return self._append(event.id, event.type, event.key, events.encode(event), headers)
 

@@ -50,11 +50,14 @@ STALE_REMEMBERED = 100_000
 
 def tracing(service: str, tracer: trace.Tracer | None = None) -> Middleware:
     async def layer(received: Received[Any], following: Next) -> None:
-        headers = dict(received.headers)
-        if received.envelope.traceparent and not any(
-            name.lower() == "traceparent" for name in headers
+        headers = received.headers
+        carried = received.envelope.traceparent
+        if (
+            carried
+            and "traceparent" not in headers
+            and not any(name.lower() == "traceparent" for name in headers)
         ):
-            headers["traceparent"] = received.envelope.traceparent
+            headers = {**headers, "traceparent": carried}
         with telemetry.process_span(
             received.subject or received.type,
             headers,

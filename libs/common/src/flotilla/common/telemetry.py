@@ -40,6 +40,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
@@ -185,7 +186,10 @@ def inject(
     headers: MutableMapping[str, str], context: Context | None = None
 ) -> MutableMapping[str, str]:
     """Add ``traceparent`` (and ``tracestate``) of the current span to `headers`; returns them."""
-    _PROPAGATOR.inject(headers, context=context)
+    if context is None:
+        _lean_inject(headers)
+    else:
+        _PROPAGATOR.inject(headers, context=context)
     return headers
 
 
@@ -215,22 +219,111 @@ def messaging_attributes(
     return attributes
 
 
+_SDK_TYPES: dict[type, bool] = {}
+
+
+def _is_sdk(thing: object, sdk: type) -> bool:
+    kind = type(thing)
+    known = _SDK_TYPES.get(kind)
+    if known is None:
+        known = _SDK_TYPES[kind] = issubclass(kind, sdk)
+    return known
+
+
+def _records(tracer: trace.Tracer | None) -> bool:
+    """Whether spans started with `tracer` (or the global provider's) are recorded:
+    an SDK tracer, or the SDK provider `setup` installed when an exporter is
+    configured. When not, the span helpers below only carry the W3C context, the
+    same context the no-op `_PropagatingTracer` would hand on, without the tracer,
+    attribute and span machinery, and with the ``traceparent`` header read and
+    written directly: tens of microseconds per message, on every message."""
+    if tracer is not None and _is_sdk(tracer, SdkTracer):
+        return True
+    return _is_sdk(trace.get_tracer_provider(), TracerProvider)
+
+
+def _new_trace() -> Context:
+    """A context whose current span begins a trace (not sampled, nothing recorded)."""
+    return trace.set_span_in_context(_PROPAGATING.start_span("new trace"))
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _lean_extract(headers: Mapping[str, str]) -> Context | None:
+    """The remote parent of a plain version-00 ``traceparent`` header with no
+    ``tracestate``, parsed without the propagator's regular expression; None when
+    the headers hold anything else, which `extract` then reads in full."""
+    value = headers.get("traceparent")
+    if value is None or "tracestate" in headers or len(value) != 55:
+        return None
+    parts = value.split("-")
+    if len(parts) != 4:
+        return None
+    version, trace_hex, span_hex, flags = parts
+    if (
+        version != "00"
+        or len(trace_hex) != 32
+        or len(span_hex) != 16
+        or len(flags) != 2
+        or not _HEX.issuperset(trace_hex + span_hex + flags)
+    ):
+        return None
+    trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
+    if not trace_id or not span_id:
+        return None
+    parent = trace.SpanContext(
+        trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(int(flags, 16))
+    )
+    return trace.set_span_in_context(trace.NonRecordingSpan(parent))
+
+
+def _lean_inject(headers: MutableMapping[str, str]) -> None:
+    """`inject` of the current span's context, written directly (what the W3C
+    propagator writes: ``traceparent``, and ``tracestate`` when there is one)."""
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return
+    headers["traceparent"] = (
+        f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    )
+    if context.trace_state:
+        headers["tracestate"] = context.trace_state.to_header()
+
+
 @contextmanager
 def publish_span(
     subject: str,
-    headers: MutableMapping[str, str],
+    headers: MutableMapping[str, str] | None,
     *,
     message_id: str | None = None,
     tracer: trace.Tracer | None = None,
 ) -> Iterator[Span]:
-    """A PRODUCER span around a publish; its context is injected into `headers`."""
+    """A PRODUCER span around a publish; its context is injected into `headers`
+    (None: the caller injects it itself, inside the span)."""
+    if not _records(tracer):
+        current = trace.get_current_span()
+        if current.get_span_context().is_valid:
+            if headers is not None:
+                _lean_inject(headers)
+            yield current
+            return
+        token = otel_context.attach(_new_trace())
+        try:
+            if headers is not None:
+                _lean_inject(headers)
+            yield trace.get_current_span()
+        finally:
+            otel_context.detach(token)
+        return
     tracer = tracer or trace.get_tracer(__name__)
     with tracer.start_as_current_span(
         f"publish {subject}",
         kind=SpanKind.PRODUCER,
         attributes=messaging_attributes(subject, "send", message_id=message_id),
     ) as span:
-        inject(headers)
+        if headers is not None:
+            inject(headers)
         yield span
 
 
@@ -248,6 +341,16 @@ def process_span(
     The extracted context is attached for the duration, so whatever the handler
     publishes in turn joins the same trace.
     """
+    if not _records(tracer):
+        context = (_lean_extract(headers) or extract(headers)) if headers else None
+        if context is None or not trace.get_current_span(context).get_span_context().is_valid:
+            context = _new_trace()
+        token = otel_context.attach(context)
+        try:
+            yield trace.get_current_span()
+        finally:
+            otel_context.detach(token)
+        return
     tracer = tracer or trace.get_tracer(__name__)
     token = otel_context.attach(extract(headers))
     try:
