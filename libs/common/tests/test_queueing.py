@@ -330,3 +330,31 @@ async def test_keyed_locks_exclude_per_key_and_are_kept_only_while_in_use() -> N
     await asyncio.gather(one, two)
     assert order == ["a1 in", "b in", "a1 out", "a2 in"]
     assert len(locks) == 0
+
+
+async def test_a_full_queue_lets_fetchers_in_again_once_half_of_it_is_done() -> None:
+    # A fetcher per partition waits for room: waking them all on every completion
+    # cost a dozen wake-ups per message. They are let in once, with room for a batch.
+    gates = {f"k{i}": asyncio.Event() for i in range(8)}
+
+    async def process(d: FakeDelivery) -> None:
+        await gates[d.key].wait()
+
+    queue = make_queue(process, concurrency=8)
+    for i in range(8):
+        queue.submit(FakeDelivery(f"k{i}", i))
+    await asyncio.sleep(0)
+    waiters = [asyncio.create_task(queue.wait_for_room(8)) for _ in range(3)]
+    for i in range(3):
+        gates[f"k{i}"].set()
+        await asyncio.sleep(0.01)
+        assert queue.pending == 7 - i
+        assert not any(w.done() for w in waiters), f"let in with {queue.pending} unfinished"
+    gates["k3"].set()
+    await asyncio.wait_for(asyncio.gather(*waiters), 1)
+    assert queue.pending == 4
+    await queue.wait_for_room(8)  # not full: no wait at all
+    for gate in gates.values():
+        gate.set()
+    await asyncio.wait_for(queue.wait_idle(), 1)
+    await queue.drain(1)

@@ -33,7 +33,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -76,10 +76,19 @@ class EventMetrics:
             registry=registry,
             buckets=HANDLER_BUCKETS,
         )
+        self._per_type: dict[str, tuple[Any, Any]] = {}
+        """Event type → its (handled, duration) children: `labels` takes a lock and
+        builds a key on every call, and this runs on every message."""
 
     @contextmanager
     def observe(self, event_type: str) -> Iterator[None]:
         """Time a handler and count it as handled, or failed with the exception's class."""
+        children = self._per_type.get(event_type)
+        if children is None:
+            children = self._per_type[event_type] = (
+                self.handled.labels(type=event_type),
+                self.duration.labels(type=event_type),
+            )
         started = time.perf_counter()
         try:
             yield
@@ -87,9 +96,9 @@ class EventMetrics:
             self.failed.labels(type=event_type, error=type(exc).__name__).inc()
             raise
         else:
-            self.handled.labels(type=event_type).inc()
+            children[0].inc()
         finally:
-            self.duration.labels(type=event_type).observe(time.perf_counter() - started)
+            children[1].observe(time.perf_counter() - started)
 
 
 class HealthServer:

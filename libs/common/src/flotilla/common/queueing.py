@@ -93,6 +93,10 @@ class KeyedQueue(Generic[D]):
         self._idle.set()
         self._progress = asyncio.Event()
         self._pending = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self._low = 0
+        """A fetcher that found the queue full waits until this few are unfinished."""
 
     @property
     def pending(self) -> int:
@@ -135,6 +139,8 @@ class KeyedQueue(Generic[D]):
                 log.exception("processing %s#%s crashed", key, delivery.sequence)
                 outcome = Retry(delay=1.0)
             self._pending -= 1
+            if self._pending <= self._low:
+                self._room.set()
             if isinstance(outcome, Retry):
                 state.parked_on = delivery.sequence
                 state.parked_until = time.monotonic() + outcome.delay + self._park_grace
@@ -152,6 +158,8 @@ class KeyedQueue(Generic[D]):
             if candidate.sequence not in state.done:
                 return candidate
             self._pending -= 1
+            if self._pending <= self._low:
+                self._room.set()
             self._spawn(self._duplicate(candidate))
         return None
 
@@ -217,13 +225,22 @@ class KeyedQueue(Generic[D]):
             await asyncio.gather(self._keeper, return_exceptions=True)
         self._keys.clear()
         self._pending = 0
+        self._room.set()
         self._idle.set()
 
     async def wait_for_room(self, limit: int) -> None:
-        """Backpressure: return once fewer than `limit` deliveries are unfinished."""
-        while self.pending >= limit:
-            self._progress.clear()
-            await self._progress.wait()
+        """Backpressure: return at once while fewer than `limit` deliveries are
+        unfinished; when that many are, return once half of them have finished.
+
+        The slack lets every waiting fetcher take a whole batch when it wakes, and
+        wakes them once per half-queue rather than on every completion (with a
+        fetcher per partition, that was a dozen wake-ups per message)."""
+        if self._pending < limit:
+            return
+        self._low = limit // 2
+        while self._pending > self._low:
+            self._room.clear()
+            await self._room.wait()
 
     async def wait_keys_idle(self, belongs: Callable[[str], bool]) -> None:
         """Return once no key for which `belongs(key)` holds has unfinished work."""
