@@ -20,7 +20,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 from nats.aio.msg import Msg
 
-from flotilla.common import events, kube
+from flotilla.common import builders, events, kube
 from flotilla.common.bus import Bus
 from flotilla.common.infra import NatsServer, RedisServer
 from flotilla.common.rediscapacity import RedisCapacityCache
@@ -280,10 +280,10 @@ async def test_a_removal_during_a_repair_of_the_same_work_leaves_nothing_behind(
             real_apply = app.apply
             entered, gate = asyncio.Event(), asyncio.Event()
 
-            async def held_apply(*args: Any, **kwargs: Any) -> None:
+            async def held_apply(*args: Any, **kwargs: Any) -> bool:
                 entered.set()  # the repair's apply: held until the removal is in
                 await gate.wait()
-                await real_apply(*args, **kwargs)
+                return await real_apply(*args, **kwargs)
 
             app.apply = held_apply  # type: ignore[method-assign]
             async with api_client(east) as api:
@@ -301,6 +301,50 @@ async def test_a_removal_during_a_repair_of_the_same_work_leaves_nothing_behind(
             await eventually(gone, timeout=20, what="no copy left on the member")
             await asyncio.sleep(1.0)
             assert await member_object(east, DEPLOY_PATH) is None
+
+
+async def test_a_namespace_removed_before_its_last_object_is_not_created_again(
+    parts: Parts,
+) -> None:
+    """The transformer removes a namespace and its last object by two works with
+    different keys, in either order. When the namespace goes first, the member
+    deletes the object with it; the agent must not take that for drift and create
+    the object again (and a plain namespace for it), which the object's own removal
+    would then leave behind as a namespace no work describes."""
+    async with world(parts, members=("east",)) as w:
+        await w.register("east")
+        async with syncer(w.settings()) as running:
+            east = w.members["east"]
+            manifest = deployment(replicas=1)
+            ref = events.ObjectRef.of(manifest)
+            namespace = builders.rendered(
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}
+            )
+            namespace_ref = events.ObjectRef.of(namespace)
+            await w.bus.publish(work(namespace, "east", dependency_of=[ref]))
+            await eventually(
+                lambda: member_object(east, "/api/v1/namespaces/shop"), what="namespace applied"
+            )
+            await w.bus.publish(work(manifest, "east"))
+            await eventually(lambda: member_object(east, DEPLOY_PATH), timeout=20, what="applied")
+
+            before = handled(running)
+            await w.bus.publish(
+                work(None, "east", ref=namespace_ref, decision="d2", dependency_of=[ref])
+            )
+            await eventually(lambda: handled(running) > before, timeout=20, what="ns removal")
+
+            async def namespace_gone() -> bool:
+                return await member_object(east, "/api/v1/namespaces/shop") is None
+
+            await eventually(namespace_gone, timeout=20, what="the namespace deleted")
+            await asyncio.sleep(2.0)  # the watch sees the Deployment go with it
+            before = handled(running)
+            await w.bus.publish(work(None, "east", ref=ref, decision="d2"))
+            await eventually(lambda: handled(running) > before, timeout=20, what="the removal")
+            await asyncio.sleep(1.0)
+            assert await member_object(east, DEPLOY_PATH) is None
+            assert await member_object(east, "/api/v1/namespaces/shop") is None
 
 
 def _applied_by_flotilla(obj: dict[str, Any]) -> list[Any]:

@@ -224,7 +224,13 @@ class ClusterAgent:
             log.info("%s on %s was %s on the member: applying it again", key, self.cluster, why)
             try:
                 async with self.syncer.members.connection(self.cluster) as api:
-                    await self.syncer.apply(api, self.cluster, record.manifest)
+                    if not await self.syncer.apply(api, self.cluster, record.manifest, repair=True):
+                        log.info(
+                            "%s on %s not set back: Flotilla removed its namespace there, "
+                            "and the work's own removal follows",
+                            key,
+                            self.cluster,
+                        )
             except FlotillaError as exc:
                 log.warning("could not set back %s on %s: %s", key, self.cluster, exc)
 

@@ -31,6 +31,11 @@ gets its turn. Without that, a removal could run while a repair was re-applying
 the copy (the object deleted on the member a moment earlier, as its namespace's
 removal does to every object in it): the removal found nothing to delete, the
 repair then created it, and the member kept a copy no work described.
+Likewise a repair does not create an object again in a namespace that a Namespace
+work's removal deleted there (until a work is applied in it again): the
+transformer removes a namespace and its last objects by works of different keys,
+which may arrive in either order, and the object's own removal follows; creating
+it again would also have created a plain namespace that nothing ever removes.
 
 **Deleting.** Only a member object that carries the ``flotilla.io/origin`` label
 and whose ``flotilla.io/origin`` annotation names the removed work's hub object;
@@ -178,6 +183,9 @@ class Syncer:
         """Clusters registered without a kubeconfig Secret: their own syncer pulls."""
         self.follower = Follower(works, on_change=self._on_record)
         self._namespaces: dict[str, set[str]] = {}
+        self._removed_namespaces: dict[str, set[str]] = {}
+        """Cluster → namespaces a Namespace work's removal deleted there, until a work
+        is applied in them again: a repair does not create those again."""
         self.applying: set[str] = set()
         """Work keys whose handler is applying them now: a watch's list that misses
         one of them is early, not looking at a deletion."""
@@ -271,6 +279,9 @@ class Syncer:
             async with self.members.connection(work.cluster) as api:
                 if unchanged and await self._in_place(api, record):
                     return
+                self._removed_namespaces.get(work.cluster, set()).discard(
+                    _namespace_of(record.member)
+                )
                 await self.apply(api, work.cluster, record.manifest)
         finally:
             self.applying.discard(key)
@@ -292,11 +303,18 @@ class Syncer:
             record.manifest, live
         )
 
-    async def apply(self, api: ApiClient, cluster: str, manifest: dict[str, Any]) -> None:
-        """Server-side apply of one manifest (its namespace first)."""
+    async def apply(
+        self, api: ApiClient, cluster: str, manifest: dict[str, Any], *, repair: bool = False
+    ) -> bool:
+        """Server-side apply of one manifest (its namespace first); False when a
+        `repair` was not made because Flotilla itself removed the object's namespace
+        there (module docstring)."""
         api_version, kind, namespace, name = observation.identity(manifest)
         resource = await rest.resource(api, api_version, kind)
+        removed = repair and namespace in self._removed_namespaces.get(cluster, ())
         if resource.namespaced and namespace:
+            if removed and not await self._namespace_exists(api, namespace):
+                return False
             await self._ensure_namespace(api, cluster, namespace)
         path = resource.path(namespace if resource.namespaced else None, name)
         query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
@@ -319,18 +337,26 @@ class Syncer:
                 raise
             # The namespace went away since it was seen: create it again, once.
             self._namespaces.get(cluster, set()).discard(namespace)
+            if removed:
+                return False
             await self._ensure_namespace(api, cluster, namespace)
             await patch()
+        return True
 
-    async def _ensure_namespace(self, api: ApiClient, cluster: str, namespace: str) -> None:
-        known = self._namespaces.setdefault(cluster, set())
-        if namespace in known:
-            return
+    async def _namespace_exists(self, api: ApiClient, namespace: str) -> bool:
         try:
             await rest.call(api, "GET", f"/api/v1/namespaces/{namespace}")
         except ApiException as exc:
             if exc.status != 404:
                 raise
+            return False
+        return True
+
+    async def _ensure_namespace(self, api: ApiClient, cluster: str, namespace: str) -> None:
+        known = self._namespaces.setdefault(cluster, set())
+        if namespace in known:
+            return
+        if not await self._namespace_exists(api, namespace):
             body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
             try:
                 await rest.call(api, "POST", "/api/v1/namespaces", body=body, decode=False)
@@ -367,6 +393,9 @@ class Syncer:
                 resource = None  # the type is not served there: nothing to delete
             if resource is not None:
                 await self._delete(api, resource, namespace, name, work)
+        if (api_version, kind) == ("v1", "Namespace"):
+            self._namespaces.get(work.cluster, set()).discard(name)
+            self._removed_namespaces.setdefault(work.cluster, set()).add(name)
         await self.works.delete(key)
         if not work.dependency_of:
             await self.agent(work.cluster).report_now(key, work.ref, None)
@@ -509,3 +538,9 @@ async def setup(rt: Runtime) -> Syncer:
     rt.spawn("clusters", syncer.watch_clusters)
     rt.serve(syncer.router(), reporter=kube.EventRecorder(hub, COMPONENT))
     return syncer
+
+
+def _namespace_of(member: tuple[str, str, str, str]) -> str:
+    """The namespace a work's member object is in, or that it is (a Namespace)."""
+    api_version, kind, namespace, name = member
+    return name if (api_version, kind) == ("v1", "Namespace") else namespace
