@@ -3,6 +3,7 @@ replica last wrote (no read first) stays correct when another writer changed it.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -117,3 +118,32 @@ async def test_a_busy_aggregator_waits_longer_before_each_flush() -> None:
         assert app.flush_delay() == service.BUSY_WINDOW
     finally:
         await app.close()
+
+
+async def test_a_burst_of_flushes_writes_a_bounded_few_at_a_time() -> None:
+    """A thousand objects reporting at once must not open a hub connection each."""
+    app, _, _ = aggregator()
+    writing = peak = 0
+    flushed: list[str] = []
+    count = 4 * service.FLUSH_CONCURRENCY
+    all_flushed = asyncio.Event()
+
+    async def flush(key: str) -> None:
+        nonlocal writing, peak
+        writing += 1
+        peak = max(peak, writing)
+        await asyncio.sleep(0.01)
+        writing -= 1
+        flushed.append(key)
+        if len(flushed) == count:
+            all_flushed.set()
+
+    app.flush = flush  # type: ignore[method-assign]
+    try:
+        for i in range(count):
+            app.schedule(f"{KEY}-{i}", 0)
+        await asyncio.wait_for(all_flushed.wait(), 10)
+    finally:
+        await app.close()
+    assert sorted(flushed) == sorted(f"{KEY}-{i}" for i in range(count))
+    assert peak == service.FLUSH_CONCURRENCY

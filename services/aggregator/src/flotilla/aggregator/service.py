@@ -90,6 +90,11 @@ BUSY_FLUSHES = 64
 """Flushes waiting to start beyond which a new one waits longer than the window."""
 BUSY_WINDOW = 2.0
 """The longest a busy aggregator's flush waits (seconds; never less than the window)."""
+FLUSH_CONCURRENCY = 32
+"""Flushes writing to the hub at once. Unbounded, a burst of a thousand objects
+opened a connection per flush (up to the client's pool of 100) in one go: TLS
+handshakes piled up on a busy API server and connects timed out (retried, but
+late). A few dozen writes at a time keep a hub busy without the storm."""
 REMEMBERED = 10_000
 """Objects whose record and hub object a replica remembers (the least recently
 used are forgotten: they are read again when next needed)."""
@@ -144,6 +149,7 @@ class Aggregator:
         self._pending: dict[str, asyncio.Task[None]] = {}
         """key → its flush that has not started writing yet (what new reports join)."""
         self._writing: set[str] = set()
+        self._flush_slots = asyncio.Semaphore(FLUSH_CONCURRENCY)
         """Keys whose flush is writing now: a report meanwhile waits for it (`_again`)."""
         self._again: set[str] = set()
         """Keys to flush once more when their current flush is done."""
@@ -324,7 +330,8 @@ class Aggregator:
         self._writing.add(key)
         retry: float | None = None
         try:
-            await self.flush(key)
+            async with self._flush_slots:
+                await self.flush(key)
         except FlotillaError as exc:
             log.warning("status of %s not written (retrying): %s", key, exc)
             retry = min(max(delay * 2, 0.5), 30.0)
