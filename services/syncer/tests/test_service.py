@@ -20,7 +20,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 from nats.aio.msg import Msg
 
-from flotilla.common import builders, events, kube
+from flotilla.common import api, builders, events, kube
 from flotilla.common.bus import Bus
 from flotilla.common.infra import NatsServer, RedisServer
 from flotilla.common.rediscapacity import RedisCapacityCache
@@ -136,6 +136,7 @@ async def kube_get(api: ApiClient, path: str) -> dict[str, Any]:
     return await rest.call(api, "GET", path)
 
 
+JsonObject = dict[str, Any]
 DEPLOY_PATH = "/apis/apps/v1/namespaces/shop/deployments/web"
 
 
@@ -185,6 +186,22 @@ async def world(parts: Parts, members: tuple[str, ...] = ("east", "west")) -> As
 async def syncer(settings: SyncerSettings) -> AsyncIterator[Started[Syncer]]:
     async with started(settings, setup) as running:
         yield running
+
+
+@contextlib.asynccontextmanager
+async def east_with_a_deployment(
+    parts: Parts,
+) -> AsyncIterator[tuple[World, Started[Syncer], KubeSim, JsonObject]]:
+    """One member, east, a syncer, and the Deployment ``shop/web`` applied there by a
+    work: the world, the running syncer, the member and the manifest."""
+    async with world(parts, members=("east",)) as w:
+        await w.register("east")
+        async with syncer(w.settings()) as running:
+            east = w.members["east"]
+            manifest = deployment(replicas=1)
+            await w.bus.publish(work(manifest, "east"))
+            await eventually(lambda: member_object(east, DEPLOY_PATH), timeout=20, what="applied")
+            yield w, running, east, manifest
 
 
 def handled(running: Started[Syncer]) -> float:
@@ -267,40 +284,33 @@ async def test_a_removal_during_a_repair_of_the_same_work_leaves_nothing_behind(
     it) is being applied again by the agent's repair when the copy's own removal
     arrives: the removal waits for the repair and deletes what it re-created, never
     leaving a copy that no work describes."""
-    async with world(parts, members=("east",)) as w:
-        await w.register("east")
-        async with syncer(w.settings()) as running:
-            east = w.members["east"]
-            manifest = deployment(replicas=1)
-            ref = events.ObjectRef.of(manifest)
-            await w.bus.publish(work(manifest, "east"))
-            await eventually(lambda: member_object(east, DEPLOY_PATH), timeout=20, what="applied")
+    async with east_with_a_deployment(parts) as (w, running, east, manifest):
+        ref = events.ObjectRef.of(manifest)
+        app = running.app
+        real_apply = app.apply
+        entered, gate = asyncio.Event(), asyncio.Event()
 
-            app = running.app
-            real_apply = app.apply
-            entered, gate = asyncio.Event(), asyncio.Event()
+        async def held_apply(*args: Any, **kwargs: Any) -> bool:
+            entered.set()  # the repair's apply: held until the removal is in
+            await gate.wait()
+            return await real_apply(*args, **kwargs)
 
-            async def held_apply(*args: Any, **kwargs: Any) -> bool:
-                entered.set()  # the repair's apply: held until the removal is in
-                await gate.wait()
-                return await real_apply(*args, **kwargs)
+        app.apply = held_apply  # type: ignore[method-assign]
+        async with api_client(east) as api:
+            await k8s.AppsV1Api(api).delete_namespaced_deployment("web", "shop")
+        await asyncio.wait_for(entered.wait(), 20)
+        before = handled(running)
+        await w.bus.publish(work(None, "east", ref=ref, decision="d2"))
+        await asyncio.sleep(1.0)  # time for a removal that did not wait to finish
+        gate.set()
+        await eventually(lambda: handled(running) > before, timeout=20, what="the removal")
 
-            app.apply = held_apply  # type: ignore[method-assign]
-            async with api_client(east) as api:
-                await k8s.AppsV1Api(api).delete_namespaced_deployment("web", "shop")
-            await asyncio.wait_for(entered.wait(), 20)
-            before = handled(running)
-            await w.bus.publish(work(None, "east", ref=ref, decision="d2"))
-            await asyncio.sleep(1.0)  # time for a removal that did not wait to finish
-            gate.set()
-            await eventually(lambda: handled(running) > before, timeout=20, what="the removal")
+        async def gone() -> bool:
+            return await member_object(east, DEPLOY_PATH) is None
 
-            async def gone() -> bool:
-                return await member_object(east, DEPLOY_PATH) is None
-
-            await eventually(gone, timeout=20, what="no copy left on the member")
-            await asyncio.sleep(1.0)
-            assert await member_object(east, DEPLOY_PATH) is None
+        await eventually(gone, timeout=20, what="no copy left on the member")
+        await asyncio.sleep(1.0)
+        assert await member_object(east, DEPLOY_PATH) is None
 
 
 async def test_a_namespace_removed_before_its_last_object_is_not_created_again(
@@ -311,40 +321,38 @@ async def test_a_namespace_removed_before_its_last_object_is_not_created_again(
     deletes the object with it; the agent must not take that for drift and create
     the object again (and a plain namespace for it), which the object's own removal
     would then leave behind as a namespace no work describes."""
-    async with world(parts, members=("east",)) as w:
-        await w.register("east")
-        async with syncer(w.settings()) as running:
-            east = w.members["east"]
-            manifest = deployment(replicas=1)
-            ref = events.ObjectRef.of(manifest)
-            namespace = builders.rendered(
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}
-            )
-            namespace_ref = events.ObjectRef.of(namespace)
-            await w.bus.publish(work(namespace, "east", dependency_of=[ref]))
-            await eventually(
-                lambda: member_object(east, "/api/v1/namespaces/shop"), what="namespace applied"
-            )
-            await w.bus.publish(work(manifest, "east"))
-            await eventually(lambda: member_object(east, DEPLOY_PATH), timeout=20, what="applied")
+    async with east_with_a_deployment(parts) as (w, running, east, manifest):
+        ref = events.ObjectRef.of(manifest)
+        namespace = builders.rendered(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}
+        )
+        namespace_ref = events.ObjectRef.of(namespace)
+        # Flotilla's own Namespace work claims the plain namespace the first apply made.
+        await w.bus.publish(work(namespace, "east", dependency_of=[ref]))
 
-            before = handled(running)
-            await w.bus.publish(
-                work(None, "east", ref=namespace_ref, decision="d2", dependency_of=[ref])
-            )
-            await eventually(lambda: handled(running) > before, timeout=20, what="ns removal")
+        async def claimed() -> bool:
+            found = await member_object(east, "/api/v1/namespaces/shop")
+            return bool(found and api.ORIGIN_LABEL in (found["metadata"].get("labels") or {}))
 
-            async def namespace_gone() -> bool:
-                return await member_object(east, "/api/v1/namespaces/shop") is None
+        await eventually(claimed, timeout=20, what="the namespace claimed by its work")
 
-            await eventually(namespace_gone, timeout=20, what="the namespace deleted")
-            await asyncio.sleep(2.0)  # the watch sees the Deployment go with it
-            before = handled(running)
-            await w.bus.publish(work(None, "east", ref=ref, decision="d2"))
-            await eventually(lambda: handled(running) > before, timeout=20, what="the removal")
-            await asyncio.sleep(1.0)
-            assert await member_object(east, DEPLOY_PATH) is None
-            assert await member_object(east, "/api/v1/namespaces/shop") is None
+        before = handled(running)
+        await w.bus.publish(
+            work(None, "east", ref=namespace_ref, decision="d2", dependency_of=[ref])
+        )
+        await eventually(lambda: handled(running) > before, timeout=20, what="ns removal")
+
+        async def namespace_gone() -> bool:
+            return await member_object(east, "/api/v1/namespaces/shop") is None
+
+        await eventually(namespace_gone, timeout=20, what="the namespace deleted")
+        await asyncio.sleep(2.0)  # the watch sees the Deployment go with it
+        before = handled(running)
+        await w.bus.publish(work(None, "east", ref=ref, decision="d2"))
+        await eventually(lambda: handled(running) > before, timeout=20, what="the removal")
+        await asyncio.sleep(1.0)
+        assert await member_object(east, DEPLOY_PATH) is None
+        assert await member_object(east, "/api/v1/namespaces/shop") is None
 
 
 def _applied_by_flotilla(obj: dict[str, Any]) -> list[Any]:
