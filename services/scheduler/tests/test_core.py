@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 from flotilla.common import capacity
 from flotilla.common.api import PlacementState, Strategy
 from flotilla.common.events import ClusterPlacement, PlacementDecided
-from flotilla.scheduler.core import release_retiring, schedule
+from flotilla.scheduler.core import (
+    context,
+    effective_strategy,
+    release_retiring,
+    run_filters,
+    schedule,
+)
 from flotilla.scheduler.model import (
     RECENT_PATCHES,
     ClusterView,
@@ -729,3 +735,101 @@ def test_rejection_reasons_list_names_sorted_and_reasons_by_their_first_name() -
     }
     assert list(grouped) == ["cordon: cordoned", "taints: taint x is not tolerated"]
     assert str(taint) == taint.text == "taints: taint x is not tolerated"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    clusters=fleets(),
+    policy=policies(),
+    replicas=st.integers(0, 12),
+    held=st.lists(st.tuples(st.integers(0, 6), st.integers(1, 5)), max_size=3),
+    patches=st.lists(
+        st.lists(
+            st.tuples(
+                st.integers(0, 6),
+                st.one_of(st.none(), st.integers(0, 250), st.integers(0, 4000)),
+            ),
+            min_size=1,
+            max_size=3,
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_every_patch_leaves_the_memos_as_a_fresh_fleet_would_fill_them(
+    clusters: list[ClusterBuilder],
+    policy: PolicyBuilder | None,
+    replicas: int,
+    held: list[tuple[int, int]],
+    patches: list[list[tuple[int, int | None]]],
+) -> None:
+    """After every patch (the memos one patch behind, as in the service), what the
+    memoised filters pass and reject is what a fresh fleet computes: the same views
+    (patched records included: scores read them), the same rejections in the same
+    order. Small reservations mostly leave every verdict as it was (the memo is
+    updated cluster by cluster); large ones move clusters between passing and
+    rejected (the memo is rebuilt)."""
+    objects = [
+        make_deployment(replicas=replicas).with_requests(cpu="500m"),
+        make_daemonset(),
+        make_pod().with_requests(cpu="1"),
+        make_pod(),
+    ]
+    previous = placed(*{f"c{i}": n for i, n in held}.items())
+    patched = fleet(*clusters)
+    records = {c.name: c.record() for c in clusters}
+    for patch in patches:
+        change: dict[str, capacity.ClusterCapacity | None] = {}
+        for index, reserved_cpu in patch:
+            name = f"c{index}"
+            base = next((c for c in clusters if c.name == name), None)
+            record = base.record() if base is not None else None
+            if record is None:
+                continue
+            change[name] = (
+                None
+                if reserved_cpu is None
+                else record.model_copy(update={"reserved": {"cpu": reserved_cpu, "pods": 1}})
+            )
+        records.update(change)
+        patched.patch(change)
+        snapshot = capacity.Snapshot(
+            clusters={n: r for n, r in records.items() if r is not None},
+            taken_at=NOW.timestamp(),
+        )
+        fresh = Fleet([c.build() for c in clusters], snapshot)
+        for obj in objects:
+            for prior in ((), previous):
+                warm = make_input(obj, patched, policy=policy, previous=prior)
+                cold = make_input(obj, fresh, policy=policy, previous=prior)
+                strategy = effective_strategy(warm)
+                warm_passing, warm_rejections = run_filters(context(warm, strategy))
+                cold_passing, cold_rejections = run_filters(context(cold, strategy))
+                assert warm_passing == cold_passing
+                assert list(warm_rejections.items()) == list(cold_rejections.items())
+                assert schedule(warm) == schedule(cold)
+
+
+def test_a_verdict_that_changes_unit_after_a_patch_takes_its_canonical_place() -> None:
+    """Rejections stay ordered by (unit, cluster) through a patch that changes which
+    unit turns a cluster down, as a fresh fleet orders them."""
+    clusters = [make_cluster(name) for name in ("a", "b", "c")]
+    patched = fleet(*clusters)
+    units = {"a": "late", "b": "early", "c": "early"}
+
+    def judge(views: Sequence[ClusterView]) -> tuple[list[ClusterView], Rejections]:
+        rejections = {v.name: Verdict(Code.UNSCHEDULABLE, units[v.name], "no") for v in views}
+        return [], rejections
+
+    patched.verdicts("k", judge, stands=lambda verdict: False)
+    units["a"], units["c"] = "early", "late"
+    records = {c.name: c.record() for c in clusters}
+    patched.patch(
+        {n: r.model_copy(update={"reserved": {"cpu": 1}}) for n, r in records.items() if r}
+    )
+    _, rejections = patched.verdicts("k", judge, stands=lambda verdict: False)
+    assert [(name, v.unit) for name, v in rejections.items()] == [
+        ("a", "early"),
+        ("b", "early"),
+        ("c", "late"),
+    ]

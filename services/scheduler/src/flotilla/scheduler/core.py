@@ -133,11 +133,14 @@ def run_filters(ctx: Context) -> tuple[list[ClusterView], Rejections]:
     # first one that reads capacity (it passed them all, or one that reads capacity
     # turned it down), and a patch changes nothing those read: they are not run again.
     first = next((i for i, unit in enumerate(memoised) if unit.reads_capacity), len(memoised))
+    # The memoised verdicts are those of a decision holding nothing (most decisions
+    # hold nothing already: no copy of the context then).
+    unheld = dataclasses.replace(ctx, held={}) if ctx.held else ctx
     passing, rejections = fleet.verdicts(
         key,
-        lambda views: _chain(dataclasses.replace(ctx, held={}), memoised, views),
+        lambda views: _chain(unheld, memoised, views),
         stands=lambda verdict: verdict.unit not in reads_capacity,
-        again=lambda views: _chain(dataclasses.replace(ctx, held={}), memoised[first:], views),
+        again=lambda views: _chain(unheld, memoised[first:], views),
     )
     held = ctx.held
     if held:

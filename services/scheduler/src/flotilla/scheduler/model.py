@@ -402,7 +402,10 @@ class Fleet:
         self._sets: dict[str, tuple[int, dict[str, int]]] = {}
         self._placements: dict[tuple[str, int | None, PlacementState], ClusterPlacement] = {}
         self._policies: dict[int, tuple[api.PlacementPolicySpec, str]] = {}
-        self._verdicts: dict[Hashable, tuple[int, list[ClusterView], Rejections]] = {}
+        self._verdicts: dict[
+            Hashable, tuple[int, list[ClusterView], Rejections, dict[str, int]]
+        ] = {}
+        """Key → (epoch, passing, rejections, each passing cluster's position)."""
         self.memo: dict[Hashable, Any] = {}
         """Per-fleet results other modules compute that do not read capacity."""
 
@@ -503,26 +506,57 @@ class Fleet:
         """
         entry = self._verdicts.get(key)
         if entry is None:
-            passing, rejections = judge(self.views)
-        else:
-            epoch, passing, rejections = entry
-            stale = self._stale(epoch)
-            if not stale:
-                return passing, rejections
-            if stands is not None:
-                stale = [
-                    v for v in stale if v.name not in rejections or not stands(rejections[v.name])
-                ]
-            if not stale:
-                _bounded(self._verdicts)[key] = (self.epoch, passing, rejections)
-                return passing, rejections
-            _, rejected = (again or judge)(stale)
-            names = {v.name for v in stale}
-            rejections = {n: v for n, v in rejections.items() if n not in names}
-            rejections.update(rejected)
+            return self._remember_verdicts(key, judge(self.views)[1])
+        epoch, passing, rejections, index = entry
+        stale = self._stale(epoch)
+        if not stale:
+            return passing, rejections
+        if stands is not None:
+            stale = [v for v in stale if v.name not in rejections or not stands(rejections[v.name])]
+        if not stale:
+            self._verdicts[key] = (self.epoch, passing, rejections, index)
+            return passing, rejections
+        _, rejected = (again or judge)(stale)
+        # Usually a patch changes no verdict (a cluster with room keeps passing, a full
+        # one stays rejected by the same unit), and then neither the canonical order
+        # of the rejections nor which clusters pass changes: the memo is updated for
+        # the stale clusters alone instead of being sorted and rebuilt over the fleet.
+        updated = dict(rejections)
+        moved = False
+        for view in stale:
+            name = view.name
+            before = rejections.get(name)
+            after = rejected.get(name)
+            if after is None:
+                if before is not None:
+                    del updated[name]
+                    moved = True
+            elif before is None or before.unit != after.unit:
+                updated[name] = after
+                moved = True
+            else:
+                updated[name] = after  # same key, same place in the order
+        if moved:
+            return self._remember_verdicts(key, updated)
+        # Only capacity changed: the passing clusters are the same, but their views
+        # carry the patched records (scores read them).
+        passing = list(passing)
+        for view in stale:
+            at = index.get(view.name)
+            if at is not None:
+                passing[at] = view
+        self._verdicts[key] = (self.epoch, passing, updated, index)
+        return passing, updated
+
+    def _remember_verdicts(
+        self, key: Hashable, rejections: Rejections
+    ) -> tuple[list[ClusterView], Rejections]:
+        """Store verdicts in canonical form: rejections by (unit, cluster name), and
+        every other cluster passing, in fleet order."""
         rejections = dict(sorted(rejections.items(), key=lambda item: (item[1].unit, item[0])))
         passing = [v for v in self.views if v.name not in rejections]
-        _bounded(self._verdicts)[key] = (self.epoch, passing, rejections)
+        index = {v.name: i for i, v in enumerate(passing)}
+        _bounded(self._verdicts)[key] = (self.epoch, passing, rejections, index)
         return passing, rejections
 
     def placement(
