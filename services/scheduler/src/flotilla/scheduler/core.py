@@ -233,6 +233,7 @@ def _finish(
             seen.add(previous.cluster)
             retiring.append(entry(previous.cluster, previous.replicas, PlacementState.RETIRING))
     clusters = (*active, *retiring)
+    line = inp.fleet.placement_line
     result = "\x1f".join(
         [
             strategy.value,
@@ -241,7 +242,7 @@ def _finish(
             str(pending),
             str(deleted),
             # Sorted: the same placement listed in another score order is the same.
-            *sorted(f"{p.cluster}={p.replicas}:{p.state}" for p in clusters),
+            *sorted([line(p) for p in clusters]),
             # Insertion order is deterministic: filters walk the fleet in name order.
             *rejections,
             *[verdict.line for verdict in rejections.values()],

@@ -401,6 +401,7 @@ class Fleet:
         self._headroom: dict[str, tuple[CapacityRecord, Mapping[str, int]]] = {}
         self._sets: dict[str, tuple[int, dict[str, int]]] = {}
         self._placements: dict[tuple[str, int | None, PlacementState], ClusterPlacement] = {}
+        self._placement_lines: dict[tuple[str, int | None, PlacementState], str] = {}
         self._policies: dict[int, tuple[api.PlacementPolicySpec, str]] = {}
         self._verdicts: dict[
             Hashable, tuple[int, list[ClusterView], Rejections, dict[str, int]]
@@ -569,6 +570,16 @@ class Fleet:
             entry = ClusterPlacement(cluster=cluster, replicas=replicas, state=state)
             self._placements[key] = entry
         return entry
+
+    def placement_line(self, entry: ClusterPlacement) -> str:
+        """``cluster=replicas:state``, what the decision id hashes of a placement
+        (memoised: formatting the state enum is a Python-level call per entry)."""
+        key = (entry.cluster, entry.replicas, entry.state)
+        line = self._placement_lines.get(key)
+        if line is None:
+            line = f"{entry.cluster}={entry.replicas}:{entry.state}"
+            _bounded(self._placement_lines)[key] = line
+        return line
 
     def policy_text(self, policy: api.PlacementPolicySpec | None) -> str | None:
         """The policy as canonical JSON, for decision ids (memoised per policy object).

@@ -100,33 +100,50 @@ def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Sequence[float]
 
 @score("balance", weight=1)
 def balance(ctx: Context, candidates: Sequence[ClusterView]) -> Sequence[float] | None:
-    busiest = max(c.placements for c in candidates)
+    placements = [c.placements for c in candidates]
+    busiest = max(placements)
     if busiest == 0:
         return None
-    return [MAX - MAX * c.placements / busiest for c in candidates]
+    return [MAX - MAX * n / busiest for n in placements]
 
 
 def totals(ctx: Context, candidates: Sequence[ClusterView]) -> list[float]:
     """The weighted sum of every registered score, per candidate in order."""
-    total = [0.0] * len(candidates)
+    total: list[float] | None = None
     for _, unit in SCORES.items():
         values = unit.fn(ctx, candidates)
-        if values is not None:
-            weight = unit.weight
-            total = [t + weight * v for t, v in zip(total, values, strict=True)]
-    return total
+        if values is None:
+            continue
+        if len(values) != len(candidates):
+            raise ValueError(f"a score gave {len(values)} values for {len(candidates)} clusters")
+        weight = unit.weight
+        # The first score is taken as it is (0.0 + x is x) and a weight of 1 is not
+        # multiplied by: two passes fewer over the candidates, the same sums.
+        weighted = values if weight == 1 else [weight * v for v in values]
+        total = (
+            list(weighted)
+            if total is None
+            else [t + v for t, v in zip(total, weighted, strict=True)]
+        )
+    return [0.0] * len(candidates) if total is None else total
 
 
 def rank(ctx: Context, candidates: Sequence[ClusterView]) -> list[ClusterView]:
     """The candidates, best first (highest total, then tie-break, then name)."""
-    if len(candidates) <= 1:
+    count = len(candidates)
+    if count <= 1:
         return list(candidates)
+    total = totals(ctx, candidates)
+    if len(set(total)) == count:
+        # No two totals are equal (the usual case once capacity and balance have
+        # spoken): the totals alone give the order, and no tie-break is computed.
+        return [candidates[i] for i in sorted(range(count), key=total.__getitem__, reverse=True)]
     keyed = sorted(
         zip(
-            [-t for t in totals(ctx, candidates)],
+            [-t for t in total],
             ctx.tiebreaks(candidates),
             [c.name for c in candidates],
-            range(len(candidates)),
+            range(count),
             strict=True,
         )
     )
