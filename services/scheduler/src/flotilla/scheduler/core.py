@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 
 from flotilla.common import api
 from flotilla.common.api import GroupVersionKind, PlacementState, Strategy
@@ -116,6 +116,45 @@ def _chain(
     return passing, rejections
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _FilterPlan:
+    """How `run_filters` runs the registered filters, derived from the registry once."""
+
+    size: int
+    """Filters registered when derived (the registry only grows: a new size, a new plan)."""
+    memoised: list[filters.Filter]
+    per_decision: list[filters.Filter]
+    keys: list[tuple[str, Callable[[Context], Hashable]]]
+    reads_capacity: frozenset[str]
+    first: int
+    """A cluster judged again after a patch passed every memoised filter before the
+    first one that reads capacity (it passed them all, or one that reads capacity
+    turned it down), and a patch changes nothing those read: they are not run again."""
+
+
+_plans: list[_FilterPlan] = []
+
+
+def _filter_plan() -> _FilterPlan:
+    size = len(filters.FILTERS)
+    if _plans and _plans[0].size == size:
+        return _plans[0]
+    units = filters.FILTERS.items()
+    memoised = [unit for _, unit in units if unit.key is not None]
+    plan = _FilterPlan(
+        size=size,
+        memoised=memoised,
+        per_decision=[unit for _, unit in units if unit.key is None],
+        keys=[(name, unit.key) for name, unit in units if unit.key is not None],
+        reads_capacity=frozenset(
+            name for name, unit in units if unit.key is not None and unit.reads_capacity
+        ),
+        first=next((i for i, unit in enumerate(memoised) if unit.reads_capacity), len(memoised)),
+    )
+    _plans[:] = [plan]
+    return plan
+
+
 def run_filters(ctx: Context) -> tuple[list[ClusterView], Rejections]:
     """The clusters every filter passes, and a verdict for each one rejected.
 
@@ -124,15 +163,14 @@ def run_filters(ctx: Context) -> tuple[list[ClusterView], Rejections]:
     are then checked on their own, and the per-decision filters run last.
     """
     fleet = ctx.fleet
-    units = filters.FILTERS.items()
-    memoised = [unit for _, unit in units if unit.key is not None]
-    per_decision = [unit for _, unit in units if unit.key is None]
-    key = ("filters", *((name, unit.key(ctx)) for name, unit in units if unit.key is not None))
-    reads_capacity = {name for name, unit in units if unit.key is not None and unit.reads_capacity}
-    # A cluster judged again after a patch passed every memoised filter before the
-    # first one that reads capacity (it passed them all, or one that reads capacity
-    # turned it down), and a patch changes nothing those read: they are not run again.
-    first = next((i for i, unit in enumerate(memoised) if unit.reads_capacity), len(memoised))
+    plan = _filter_plan()
+    memoised, per_decision, reads_capacity, first = (
+        plan.memoised,
+        plan.per_decision,
+        plan.reads_capacity,
+        plan.first,
+    )
+    key = ("filters", *[(name, keyed(ctx)) for name, keyed in plan.keys])
     # The memoised verdicts are those of a decision holding nothing (most decisions
     # hold nothing already: no copy of the context then).
     unheld = dataclasses.replace(ctx, held={}) if ctx.held else ctx

@@ -403,6 +403,7 @@ class Fleet:
         self._placements: dict[tuple[str, int | None, PlacementState], ClusterPlacement] = {}
         self._placement_lines: dict[tuple[str, int | None, PlacementState], str] = {}
         self._policies: dict[int, tuple[api.PlacementPolicySpec, str]] = {}
+        self._selectors: dict[int, tuple[api.LabelSelector, str]] = {}
         self._verdicts: dict[
             Hashable, tuple[int, list[ClusterView], Rejections, dict[str, int]]
         ] = {}
@@ -597,9 +598,18 @@ class Fleet:
             _bounded(self._policies)[id(policy)] = entry
         return entry[1]
 
+    def selector_text(self, selector: api.LabelSelector) -> str:
+        """``selector.model_dump_json()``, a memo key (memoised per selector object, as
+        `policy_text`: every decision under a policy keys its filters by it)."""
+        entry = self._selectors.get(id(selector))
+        if entry is None:
+            entry = (selector, selector.model_dump_json())
+            _bounded(self._selectors)[id(selector)] = entry
+        return entry[1]
+
     def selected_by(self, selector: api.LabelSelector) -> frozenset[str]:
         """Names of the clusters ``selector`` selects (memoised per selector)."""
-        key = selector.model_dump_json()
+        key = self.selector_text(selector)
         selected = self._selected.get(key)
         if selected is None:
             selected = frozenset(v.name for v in self.views if labels.matches(selector, v.labels))
