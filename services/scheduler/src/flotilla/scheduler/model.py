@@ -393,11 +393,15 @@ class Fleet:
         self.epoch = 0
         """Bumped by every `patch`; memos remember the epoch they were filled at."""
         self._changed_at: dict[str, int] = {}
+        self._stale_since: dict[int, list[ClusterView]] = {}
+        """Epoch → `_stale` of it at the current epoch (emptied by every patch)."""
         self._recent: list[list[str]] = []
         """The names each of the last `RECENT_PATCHES` patches changed, oldest first."""
         self._selected: dict[str, frozenset[str]] = {}
         self._fits: dict[RequestsKey, tuple[int, dict[str, int]]] = {}
-        self._node_fits: dict[tuple[str, RequestsKey], tuple[object, int]] = {}
+        self._node_fits: dict[RequestsKey, dict[str, tuple[object, int]]] = {}
+        """Shape → cluster → (its record's node list, the node-level fit): per shape
+        first, so that the shape (a tuple of pairs) is hashed once per `fits` call."""
         self._headroom: dict[str, tuple[CapacityRecord, Mapping[str, int]]] = {}
         self._sets: dict[str, tuple[int, dict[str, int]]] = {}
         self._placements: dict[tuple[str, int | None, PlacementState], ClusterPlacement] = {}
@@ -456,6 +460,7 @@ class Fleet:
         if not changed:
             return
         self.epoch += 1
+        self._stale_since.clear()
         views = list(self.views)
         for name in changed:
             record = records[name]
@@ -474,10 +479,18 @@ class Fleet:
             del self._recent[0]
 
     def _stale(self, epoch: int) -> list[ClusterView]:
-        """Views of the clusters patched after `epoch`, in name order."""
+        """Views of the clusters patched after `epoch`, in name order (remembered
+        until the next patch: the memos filled by one decision are read together)."""
         behind = self.epoch - epoch
         if behind == 0:
             return []
+        stale = self._stale_since.get(epoch)
+        if stale is None:
+            stale = self._stale_since[epoch] = self._patched_since(epoch, behind)
+        return stale
+
+    def _patched_since(self, epoch: int, behind: int) -> list[ClusterView]:
+        """`_stale` computed: the views of the clusters the last `behind` patches changed."""
         if behind <= len(self._recent):
             # A memo a few patches old: the names those patches touched, not a pass
             # over the whole fleet.
@@ -636,7 +649,9 @@ class Fleet:
             values = dict(entry[1])
         amounts = tuple((r, amount) for r, amount in _shape(per_replica).items() if amount > 0)
         headroom = self._headroom
-        node_fits = self._node_fits
+        node_fits = self._node_fits.get(key)
+        if node_fits is None:
+            node_fits = _bounded(self._node_fits)[key] = {}
         for view in views:
             name = view.name
             record = view.capacity
@@ -659,10 +674,10 @@ class Fleet:
                     fit = count
             nodes = record.nodes
             if nodes and fit:
-                remembered = node_fits.get((name, key))
+                remembered = node_fits.get(name)
                 if remembered is None or remembered[0] is not nodes:
                     remembered = (nodes, sum(_count_amounts(node.free, amounts) for node in nodes))
-                    _bounded(node_fits)[(name, key)] = remembered
+                    node_fits[name] = remembered
                 if remembered[1] < fit:
                     fit = remembered[1]
             values[name] = fit
