@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -12,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flotilla.common import capacity
-from flotilla.common.api import PlacementState, Strategy
+from flotilla.common.api import STRATEGY_ANNOTATION, PlacementState, Strategy
 from flotilla.common.events import ClusterPlacement, PlacementDecided
 from flotilla.scheduler.core import (
     context,
@@ -862,3 +864,58 @@ def test_memos_filled_together_and_read_after_different_patches_see_every_patch(
     warm = schedule(make_input(deployment, patched))
     assert not warm.active
     assert warm == schedule(make_input(deployment, fresh))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    policy=policies(),
+    held=st.lists(st.tuples(st.sampled_from(["a", "b", 'q"x']), st.integers(0, 5)), max_size=3),
+    pins=st.dictionaries(
+        st.sampled_from(["v1/ConfigMap/default/x", "dep\u00e9"]),
+        st.lists(st.sampled_from(["a", "b"]), max_size=2),
+        max_size=2,
+    ),
+    avoid=st.sets(st.sampled_from(["a", "b", "c"]), max_size=2),
+)
+def test_digest_is_the_hash_of_the_input_as_one_sorted_json_list(
+    policy: PolicyBuilder | None,
+    held: list[tuple[str, int]],
+    pins: dict[str, list[str]],
+    avoid: set[str],
+) -> None:
+    """`SchedulingInput.digest` writes its JSON item by item (the policy escaped once
+    per policy): the bytes are those of one ``json.dumps(..., sort_keys=True)``."""
+    inp = make_input(
+        make_deployment(replicas=3).with_requests(cpu="500m"),
+        [make_cluster("a"), make_cluster("b")],
+        policy=policy,
+        previous=placed(*held),
+        dependencies=pins,
+        avoid=avoid,
+    )
+    analyzed = inp.analyzed
+    metadata = analyzed.object.get("metadata") or {}
+    obj = {
+        "ref": analyzed.ref.key,
+        "uid": metadata.get("uid"),
+        "generation": metadata.get("generation"),
+        "resourceVersion": metadata.get("resourceVersion"),
+        "annotation": (metadata.get("annotations") or {}).get(STRATEGY_ANNOTATION),
+        "deleted": analyzed.deleted,
+        "strategy": analyzed.strategy.value,
+        "replicas": analyzed.replicas,
+        "requests": sorted(analyzed.requests.items()),
+        "components": [],
+    }
+    parts = [
+        obj,
+        inp.fleet.policy_text(inp.policy),
+        inp.fleet.fingerprint,
+        [[p.cluster, p.replicas, p.state.value] for p in inp.previous],
+        sorted((k, sorted(v)) for k, v in inp.dependency_placements.items()),
+        inp.now.isoformat(),
+        sorted(inp.avoid_clusters),
+    ]
+    expected = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    assert inp.digest() == expected
+    assert inp.digest() == expected  # the policy's JSON from the memo

@@ -406,7 +406,7 @@ class Fleet:
         self._sets: dict[str, tuple[int, dict[str, int]]] = {}
         self._placements: dict[tuple[str, int | None, PlacementState], ClusterPlacement] = {}
         self._placement_lines: dict[tuple[str, int | None, PlacementState], str] = {}
-        self._policies: dict[int, tuple[api.PlacementPolicySpec, str]] = {}
+        self._policies: dict[int, tuple[api.PlacementPolicySpec, str, str]] = {}
         self._selectors: dict[int, tuple[api.LabelSelector, str]] = {}
         self._verdicts: dict[
             Hashable, tuple[int, list[ClusterView], Rejections, dict[str, int]]
@@ -604,12 +604,22 @@ class Fleet:
         """
         if policy is None:
             return None
+        return self._policy_entry(policy)[1]
+
+    def _policy_entry(self, policy: api.PlacementPolicySpec) -> tuple[Any, str, str]:
+        """(the policy, `policy_text`, that text as a JSON string): the last is what
+        `SchedulingInput.digest` writes, escaped once per policy instead of per
+        decision."""
         entry = self._policies.get(id(policy))
         if entry is None:
             text = json.dumps(policy.model_dump(mode="json", by_alias=True), sort_keys=True)
-            entry = (policy, text)
+            entry = (policy, text, json.dumps(text))
             _bounded(self._policies)[id(policy)] = entry
-        return entry[1]
+        return entry
+
+    def policy_json(self, policy: api.PlacementPolicySpec | None) -> str:
+        """``json.dumps(policy_text(policy))``, memoised with it."""
+        return "null" if policy is None else self._policy_entry(policy)[2]
 
     def selector_text(self, selector: api.LabelSelector) -> str:
         """``selector.model_dump_json()``, a memo key (memoised per selector object, as
@@ -732,6 +742,10 @@ def _bounded(memo: dict[K, V]) -> dict[K, V]:
     return memo
 
 
+_SORTED_JSON = json.JSONEncoder(sort_keys=True)
+"""``json.dumps(..., sort_keys=True)`` without building an encoder per call."""
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulingInput:
     """Everything one decision depends on; the same input always gives the same decision."""
@@ -801,16 +815,21 @@ class SchedulingInput:
                 [c.name, c.replicas, sorted(c.requests.items())] for c in analyzed.components
             ],
         }
-        parts: list[Any] = [
-            obj,
-            self.fleet.policy_text(self.policy),
-            self.fleet.fingerprint,
-            [[p.cluster, p.replicas, p.state.value] for p in self.previous],
-            sorted((k, sorted(v)) for k, v in self.dependency_placements.items()),
-            self.now.isoformat(),
-            sorted(self.avoid_clusters),
-        ]
-        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+        # What ``json.dumps([obj, policy text, fingerprint, ...], sort_keys=True)``
+        # writes, item by item: the policy's JSON string is escaped once per policy.
+        encode = _SORTED_JSON.encode
+        text = ", ".join(
+            [
+                encode(obj),
+                self.fleet.policy_json(self.policy),
+                encode(self.fleet.fingerprint),
+                encode([[p.cluster, p.replicas, p.state.value] for p in self.previous]),
+                encode(sorted((k, sorted(v)) for k, v in self.dependency_placements.items())),
+                encode(self.now.isoformat()),
+                encode(sorted(self.avoid_clusters)),
+            ]
+        )
+        return hashlib.sha256(f"[{text}]".encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
