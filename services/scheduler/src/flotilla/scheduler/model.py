@@ -428,7 +428,9 @@ class Fleet:
             base is None
             or base[0] is not record.nodes
             or base[1] is not record.available
-            or base[2] != record.allocatable
+            # (A record with only its reservations patched shares the dict: no
+            # comparison item by item then.)
+            or (base[2] is not record.allocatable and base[2] != record.allocatable)
             or base[3] != record.observed_at
         ):
             figures = hashlib.sha256(record.model_dump_json(exclude={"reserved"}).encode())
