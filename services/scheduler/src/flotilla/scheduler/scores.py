@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import compress, islice
+from operator import eq
 
 from flotilla.scheduler.model import UNBOUNDED, ClusterView, Context, Registry
 
@@ -129,22 +131,30 @@ def totals(ctx: Context, candidates: Sequence[ClusterView]) -> list[float]:
 
 
 def rank(ctx: Context, candidates: Sequence[ClusterView]) -> list[ClusterView]:
-    """The candidates, best first (highest total, then tie-break, then name)."""
+    """The candidates, best first (highest total, then tie-break, then name).
+
+    Sorted by total alone first; only runs of equal totals are then ordered by
+    tie-break and name, so tie-breaks are computed for the tied candidates alone
+    (none, usually, once capacity and balance have spoken). The order is the one
+    the full key gives."""
     count = len(candidates)
     if count <= 1:
         return list(candidates)
     total = totals(ctx, candidates)
-    if len(set(total)) == count:
-        # No two totals are equal (the usual case once capacity and balance have
-        # spoken): the totals alone give the order, and no tie-break is computed.
-        return [candidates[i] for i in sorted(range(count), key=total.__getitem__, reverse=True)]
-    keyed = sorted(
-        zip(
-            [-t for t in total],
-            ctx.tiebreaks(candidates),
-            [c.name for c in candidates],
-            range(count),
-            strict=True,
-        )
-    )
-    return [candidates[k[3]] for k in keyed]
+    order = sorted(range(count), key=total.__getitem__, reverse=True)
+    if len(set(total)) < count:
+        ordered = [total[i] for i in order]
+        # Positions p where the p-th and the next total are equal (C-level passes).
+        tied = list(compress(range(count - 1), map(eq, ordered, islice(ordered, 1, None))))
+        start = 0
+        while start < len(tied):
+            end = start
+            while end + 1 < len(tied) and tied[end + 1] == tied[end] + 1:
+                end += 1
+            first, last = tied[start], tied[end] + 1  # one run of equal totals
+            run = order[first : last + 1]
+            views = [candidates[i] for i in run]
+            keyed = sorted(zip(ctx.tiebreaks(views), [v.name for v in views], run, strict=True))
+            order[first : last + 1] = [k[2] for k in keyed]
+            start = end + 1
+    return [candidates[i] for i in order]
