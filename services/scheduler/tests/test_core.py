@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -12,9 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flotilla.common import capacity
-from flotilla.common.api import PlacementState, Strategy
+from flotilla.common.api import STRATEGY_ANNOTATION, PlacementState, Strategy
 from flotilla.common.events import ClusterPlacement, PlacementDecided
-from flotilla.scheduler.core import release_retiring, schedule
+from flotilla.scheduler.core import (
+    context,
+    effective_strategy,
+    release_retiring,
+    run_filters,
+    schedule,
+)
 from flotilla.scheduler.model import (
     RECENT_PATCHES,
     ClusterView,
@@ -729,3 +737,185 @@ def test_rejection_reasons_list_names_sorted_and_reasons_by_their_first_name() -
     }
     assert list(grouped) == ["cordon: cordoned", "taints: taint x is not tolerated"]
     assert str(taint) == taint.text == "taints: taint x is not tolerated"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    clusters=fleets(),
+    policy=policies(),
+    replicas=st.integers(0, 12),
+    held=st.lists(st.tuples(st.integers(0, 6), st.integers(1, 5)), max_size=3),
+    patches=st.lists(
+        st.lists(
+            st.tuples(
+                st.integers(0, 6),
+                st.one_of(st.none(), st.integers(0, 250), st.integers(0, 4000)),
+            ),
+            min_size=1,
+            max_size=3,
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    data=st.data(),
+)
+def test_every_patch_leaves_the_memos_as_a_fresh_fleet_would_fill_them(
+    clusters: list[ClusterBuilder],
+    policy: PolicyBuilder | None,
+    replicas: int,
+    held: list[tuple[int, int]],
+    patches: list[list[tuple[int, int | None]]],
+    data: st.DataObject,
+) -> None:
+    """After every patch, what the memoised filters pass and reject is what a fresh
+    fleet computes: the same views (patched records included: scores read them), the
+    same rejections in the same order. Small reservations mostly leave every verdict
+    as it was (the memo is updated cluster by cluster); large ones move clusters
+    between passing and rejected (the memo is rebuilt). Only some objects are decided
+    after each patch, so memos filled together fall behind by different numbers of
+    patches (what the fleet remembers as stale per epoch must follow every patch)."""
+    objects = [
+        make_deployment(replicas=replicas).with_requests(cpu="500m"),
+        make_daemonset(),
+        make_pod().with_requests(cpu="1"),
+        make_pod(),
+    ]
+    previous = placed(*{f"c{i}": n for i, n in held}.items())
+    patched = fleet(*clusters)
+    records = {c.name: c.record() for c in clusters}
+    for patch in patches:
+        change: dict[str, capacity.ClusterCapacity | None] = {}
+        for index, reserved_cpu in patch:
+            name = f"c{index}"
+            base = next((c for c in clusters if c.name == name), None)
+            record = base.record() if base is not None else None
+            if record is None:
+                continue
+            change[name] = (
+                None
+                if reserved_cpu is None
+                else record.model_copy(update={"reserved": {"cpu": reserved_cpu, "pods": 1}})
+            )
+        records.update(change)
+        patched.patch(change)
+        snapshot = capacity.Snapshot(
+            clusters={n: r for n, r in records.items() if r is not None},
+            taken_at=NOW.timestamp(),
+        )
+        fresh = Fleet([c.build() for c in clusters], snapshot)
+        decided = data.draw(st.sets(st.integers(0, len(objects) - 1)))
+        for obj in [objects[i] for i in sorted(decided)]:
+            for prior in ((), previous):
+                warm = make_input(obj, patched, policy=policy, previous=prior)
+                cold = make_input(obj, fresh, policy=policy, previous=prior)
+                strategy = effective_strategy(warm)
+                warm_passing, warm_rejections = run_filters(context(warm, strategy))
+                cold_passing, cold_rejections = run_filters(context(cold, strategy))
+                assert warm_passing == cold_passing
+                assert list(warm_rejections.items()) == list(cold_rejections.items())
+                assert schedule(warm) == schedule(cold)
+
+
+def test_a_verdict_that_changes_unit_after_a_patch_takes_its_canonical_place() -> None:
+    """Rejections stay ordered by (unit, cluster) through a patch that changes which
+    unit turns a cluster down, as a fresh fleet orders them."""
+    clusters = [make_cluster(name) for name in ("a", "b", "c")]
+    patched = fleet(*clusters)
+    units = {"a": "late", "b": "early", "c": "early"}
+
+    def judge(views: Sequence[ClusterView]) -> tuple[list[ClusterView], Rejections]:
+        rejections = {v.name: Verdict(Code.UNSCHEDULABLE, units[v.name], "no") for v in views}
+        return [], rejections
+
+    patched.verdicts("k", judge, stands=lambda verdict: False)
+    units["a"], units["c"] = "early", "late"
+    records = {c.name: c.record() for c in clusters}
+    patched.patch(
+        {n: r.model_copy(update={"reserved": {"cpu": 1}}) for n, r in records.items() if r}
+    )
+    _, rejections = patched.verdicts("k", judge, stands=lambda verdict: False)
+    assert [(name, v.unit) for name, v in rejections.items()] == [
+        ("a", "early"),
+        ("b", "early"),
+        ("c", "late"),
+    ]
+
+
+def test_memos_filled_together_and_read_after_different_patches_see_every_patch() -> None:
+    """Two memos filled by the same decisions, the first read again between two
+    patches and the second only after both: the second sees both patches."""
+    clusters = [make_cluster(name).with_room(1, cpu="4") for name in ("a", "b")]
+    patched = fleet(*clusters)
+    pod = make_pod().with_requests(cpu="1")
+    deployment = make_deployment(replicas=2).with_requests(cpu="500m")
+    for obj in (pod, deployment):
+        schedule(make_input(obj, patched))
+    records = {c.name: c.record() for c in clusters}
+    for name in ("a", "b"):
+        base = records[name]
+        assert base is not None
+        records[name] = base.model_copy(update={"reserved": {"cpu": 4000}})
+        patched.patch({name: records[name]})
+        schedule(make_input(pod, patched))  # only the pod's memos catch up
+    snapshot = capacity.Snapshot(
+        clusters={n: r for n, r in records.items() if r is not None}, taken_at=NOW.timestamp()
+    )
+    fresh = Fleet([c.build() for c in clusters], snapshot)
+    warm = schedule(make_input(deployment, patched))
+    assert not warm.active
+    assert warm == schedule(make_input(deployment, fresh))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    policy=policies(),
+    held=st.lists(st.tuples(st.sampled_from(["a", "b", 'q"x']), st.integers(0, 5)), max_size=3),
+    pins=st.dictionaries(
+        st.sampled_from(["v1/ConfigMap/default/x", "dep\u00e9"]),
+        st.lists(st.sampled_from(["a", "b"]), max_size=2),
+        max_size=2,
+    ),
+    avoid=st.sets(st.sampled_from(["a", "b", "c"]), max_size=2),
+)
+def test_digest_is_the_hash_of_the_input_as_one_sorted_json_list(
+    policy: PolicyBuilder | None,
+    held: list[tuple[str, int]],
+    pins: dict[str, list[str]],
+    avoid: set[str],
+) -> None:
+    """`SchedulingInput.digest` writes its JSON item by item (the policy escaped once
+    per policy): the bytes are those of one ``json.dumps(..., sort_keys=True)``."""
+    inp = make_input(
+        make_deployment(replicas=3).with_requests(cpu="500m"),
+        [make_cluster("a"), make_cluster("b")],
+        policy=policy,
+        previous=placed(*held),
+        dependencies=pins,
+        avoid=avoid,
+    )
+    analyzed = inp.analyzed
+    metadata = analyzed.object.get("metadata") or {}
+    obj = {
+        "ref": analyzed.ref.key,
+        "uid": metadata.get("uid"),
+        "generation": metadata.get("generation"),
+        "resourceVersion": metadata.get("resourceVersion"),
+        "annotation": (metadata.get("annotations") or {}).get(STRATEGY_ANNOTATION),
+        "deleted": analyzed.deleted,
+        "strategy": analyzed.strategy.value,
+        "replicas": analyzed.replicas,
+        "requests": sorted(analyzed.requests.items()),
+        "components": [],
+    }
+    parts = [
+        obj,
+        inp.fleet.policy_text(inp.policy),
+        inp.fleet.fingerprint,
+        [[p.cluster, p.replicas, p.state.value] for p in inp.previous],
+        sorted((k, sorted(v)) for k, v in inp.dependency_placements.items()),
+        inp.now.isoformat(),
+        sorted(inp.avoid_clusters),
+    ]
+    expected = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    assert inp.digest() == expected
+    assert inp.digest() == expected  # the policy's JSON from the memo

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flotilla.common.events import ClusterPlacement
 from flotilla.scheduler import core, scores
@@ -152,3 +154,32 @@ def test_ties_are_broken_by_uid_deterministically() -> None:
         assert orders[0] == orders[1], "input order must not matter"
         firsts.add(orders[0][0])
     assert len(firsts) > 1, "different objects should not all prefer the same cluster"
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rooms=st.lists(
+        st.tuples(st.integers(0, 4), st.integers(0, 3), st.sampled_from([0, 0, 7, 300])),
+        min_size=1,
+        max_size=9,
+    ),
+    held=st.lists(st.integers(0, 8), max_size=2),
+    uid=st.text("abcdef", min_size=1, max_size=4),
+)
+def test_rank_is_the_order_by_total_then_tie_break_then_name(
+    rooms: list[tuple[int, int, int]], held: list[int], uid: str
+) -> None:
+    """`rank` skips the tie-break when no two totals are equal: its order is still the
+    full key's (highest total, tie-break, name), ties or not. Few distinct fits and
+    placement counts make ties common."""
+    clusters = [
+        make_cluster(f"c{i}").with_room(nodes, cpu=cpu).with_placements(placements)
+        for i, (cpu, nodes, placements) in enumerate(rooms)
+    ]
+    previous = placed(*[(f"c{i}", 1) for i in set(held) if i < len(rooms)])
+    obj = make_deployment(replicas=3).with_requests(cpu="1").with_uid(uid)
+    ctx, views = ctx_for(obj, clusters, previous)
+    total = scores.totals(ctx, views)
+    tiebreaks = ctx.tiebreaks(views)
+    expected = sorted(range(len(views)), key=lambda i: (-total[i], tiebreaks[i], views[i].name))
+    assert [v.name for v in scores.rank(ctx, views)] == [views[i].name for i in expected]

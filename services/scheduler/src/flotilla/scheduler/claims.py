@@ -161,9 +161,23 @@ def plan(
     held_before = _by_cluster(undo_claims)
     known: dict[tuple[int, int], Requests] = {}
     delta: dict[str, Requests] = {}
+    added: dict[tuple[int, int], Requests] = {}
     for name in touched:
-        new = _total(claimed.get(name, ()), known)
+        new_claims = claimed.get(name, ())
         held = held_before.get(name)
+        if held is None and len(new_claims) == 1:
+            # The usual cluster of a plan: one claim, nothing held before. Its change
+            # is that claim's total without zeros, the same for every such cluster of
+            # the plan (a copy object's claims share their requests): made once, copied.
+            claim = new_claims[0]
+            slot = (id(claim.per_replica), claim.replicas)
+            change = added.get(slot)
+            if change is None:
+                one = _total(new_claims, known)
+                change = added[slot] = {r: amount for r, amount in one.items() if amount}
+            delta[name] = dict(change)
+            continue
+        new = _total(new_claims, known)
         if held is None:
             delta[name] = {r: amount for r, amount in new.items() if amount}
             continue

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 
 from flotilla.common import api
 from flotilla.common.api import GroupVersionKind, PlacementState, Strategy
@@ -116,6 +116,45 @@ def _chain(
     return passing, rejections
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _FilterPlan:
+    """How `run_filters` runs the registered filters, derived from the registry once."""
+
+    size: int
+    """Filters registered when derived (the registry only grows: a new size, a new plan)."""
+    memoised: list[filters.Filter]
+    per_decision: list[filters.Filter]
+    keys: list[tuple[str, Callable[[Context], Hashable]]]
+    reads_capacity: frozenset[str]
+    first: int
+    """A cluster judged again after a patch passed every memoised filter before the
+    first one that reads capacity (it passed them all, or one that reads capacity
+    turned it down), and a patch changes nothing those read: they are not run again."""
+
+
+_plans: list[_FilterPlan] = []
+
+
+def _filter_plan() -> _FilterPlan:
+    size = len(filters.FILTERS)
+    if _plans and _plans[0].size == size:
+        return _plans[0]
+    units = filters.FILTERS.items()
+    memoised = [unit for _, unit in units if unit.key is not None]
+    plan = _FilterPlan(
+        size=size,
+        memoised=memoised,
+        per_decision=[unit for _, unit in units if unit.key is None],
+        keys=[(name, unit.key) for name, unit in units if unit.key is not None],
+        reads_capacity=frozenset(
+            name for name, unit in units if unit.key is not None and unit.reads_capacity
+        ),
+        first=next((i for i, unit in enumerate(memoised) if unit.reads_capacity), len(memoised)),
+    )
+    _plans[:] = [plan]
+    return plan
+
+
 def run_filters(ctx: Context) -> tuple[list[ClusterView], Rejections]:
     """The clusters every filter passes, and a verdict for each one rejected.
 
@@ -124,20 +163,22 @@ def run_filters(ctx: Context) -> tuple[list[ClusterView], Rejections]:
     are then checked on their own, and the per-decision filters run last.
     """
     fleet = ctx.fleet
-    units = filters.FILTERS.items()
-    memoised = [unit for _, unit in units if unit.key is not None]
-    per_decision = [unit for _, unit in units if unit.key is None]
-    key = ("filters", *((name, unit.key(ctx)) for name, unit in units if unit.key is not None))
-    reads_capacity = {name for name, unit in units if unit.key is not None and unit.reads_capacity}
-    # A cluster judged again after a patch passed every memoised filter before the
-    # first one that reads capacity (it passed them all, or one that reads capacity
-    # turned it down), and a patch changes nothing those read: they are not run again.
-    first = next((i for i, unit in enumerate(memoised) if unit.reads_capacity), len(memoised))
+    plan = _filter_plan()
+    memoised, per_decision, reads_capacity, first = (
+        plan.memoised,
+        plan.per_decision,
+        plan.reads_capacity,
+        plan.first,
+    )
+    key = ("filters", *[(name, keyed(ctx)) for name, keyed in plan.keys])
+    # The memoised verdicts are those of a decision holding nothing (most decisions
+    # hold nothing already: no copy of the context then).
+    unheld = dataclasses.replace(ctx, held={}) if ctx.held else ctx
     passing, rejections = fleet.verdicts(
         key,
-        lambda views: _chain(dataclasses.replace(ctx, held={}), memoised, views),
+        lambda views: _chain(unheld, memoised, views),
         stands=lambda verdict: verdict.unit not in reads_capacity,
-        again=lambda views: _chain(dataclasses.replace(ctx, held={}), memoised[first:], views),
+        again=lambda views: _chain(unheld, memoised[first:], views),
     )
     held = ctx.held
     if held:
@@ -230,6 +271,7 @@ def _finish(
             seen.add(previous.cluster)
             retiring.append(entry(previous.cluster, previous.replicas, PlacementState.RETIRING))
     clusters = (*active, *retiring)
+    line = inp.fleet.placement_line
     result = "\x1f".join(
         [
             strategy.value,
@@ -238,7 +280,7 @@ def _finish(
             str(pending),
             str(deleted),
             # Sorted: the same placement listed in another score order is the same.
-            *sorted(f"{p.cluster}={p.replicas}:{p.state}" for p in clusters),
+            *sorted([line(p) for p in clusters]),
             # Insertion order is deterministic: filters walk the fleet in name order.
             *rejections,
             *[verdict.line for verdict in rejections.values()],

@@ -131,7 +131,7 @@ def cluster_names(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections
 
 @register(
     "cluster-selector",
-    key=lambda ctx: ctx.cluster_selector.model_dump_json() if ctx.cluster_selector else None,
+    key=lambda ctx: ctx.fleet.selector_text(ctx.cluster_selector) if ctx.cluster_selector else None,
 )
 def cluster_selector(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
     selector = ctx.cluster_selector
@@ -231,8 +231,11 @@ def taints(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
 @register("api-resources", key=lambda ctx: ctx.gvk)
 def api_resources(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
     gvk = ctx.gvk
+    unserved = [c.name for c in candidates if c.api_resources and gvk not in c.api_resources]
+    if not unserved:
+        return {}
     verdict = Verdict(Code.UNSCHEDULABLE, "api-resources", f"does not serve {gvk}")
-    return {c.name: verdict for c in candidates if c.api_resources and gvk not in c.api_resources}
+    return dict.fromkeys(unserved, verdict)
 
 
 def describe_requests(requests: dict[str, int] | None) -> str:
@@ -251,17 +254,10 @@ def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
     required = ctx.required
     if required == 0:
         return {}
-    if ctx.components:
-        unit = "whole component set" if required == 1 else "whole component sets"
-        shape = "; ".join(
-            f"{c.name} {c.replicas}x({describe_requests(c.requests)})" for c in ctx.components
-        )
-    else:
-        unit = "replica" if required == 1 else "replicas"
-        shape = describe_requests({PODS: 1, **ctx.per_replica})
     held = ctx.held
     fits = ctx.fits
     rejected: Rejections = {}
+    shape = ""  # described once, and only when some cluster lacks room
     for c in candidates:
         if c.name in held:
             continue
@@ -271,12 +267,24 @@ def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
                 Code.UNSCHEDULABLE, "capacity", "no capacity record in the snapshot yet"
             )
         elif fit < required:
-            rejected[c.name] = Verdict(
-                Code.UNSCHEDULABLE,
-                "capacity",
-                f"room for {fit} of {required} {unit} ({shape})",
-            )
+            shape = shape or _shape_text(ctx)
+            rejected[c.name] = Verdict(Code.UNSCHEDULABLE, "capacity", f"room for {fit} {shape}")
     return rejected
+
+
+def _shape_text(ctx: Context) -> str:
+    """``of 3 replicas (cpu=500m, pods=1)``: what the capacity filter's verdicts say
+    the object needs, after the fit."""
+    required = ctx.required
+    if ctx.components:
+        unit = "whole component set" if required == 1 else "whole component sets"
+        shape = "; ".join(
+            f"{c.name} {c.replicas}x({describe_requests(c.requests)})" for c in ctx.components
+        )
+    else:
+        unit = "replica" if required == 1 else "replicas"
+        shape = describe_requests({PODS: 1, **ctx.per_replica})
+    return f"of {required} {unit} ({shape})"
 
 
 # Per-decision filters: they read the reschedule request and the dependencies'

@@ -393,16 +393,25 @@ class Fleet:
         self.epoch = 0
         """Bumped by every `patch`; memos remember the epoch they were filled at."""
         self._changed_at: dict[str, int] = {}
+        self._stale_since: dict[int, list[ClusterView]] = {}
+        """Epoch → `_stale` of it at the current epoch (emptied by every patch)."""
         self._recent: list[list[str]] = []
         """The names each of the last `RECENT_PATCHES` patches changed, oldest first."""
         self._selected: dict[str, frozenset[str]] = {}
         self._fits: dict[RequestsKey, tuple[int, dict[str, int]]] = {}
-        self._node_fits: dict[tuple[str, RequestsKey], tuple[object, int]] = {}
+        self._node_fits: dict[RequestsKey, dict[str, tuple[object, int]]] = {}
+        """Shape → cluster → (its record's node list, the node-level fit): per shape
+        first, so that the shape (a tuple of pairs) is hashed once per `fits` call."""
         self._headroom: dict[str, tuple[CapacityRecord, Mapping[str, int]]] = {}
         self._sets: dict[str, tuple[int, dict[str, int]]] = {}
         self._placements: dict[tuple[str, int | None, PlacementState], ClusterPlacement] = {}
-        self._policies: dict[int, tuple[api.PlacementPolicySpec, str]] = {}
-        self._verdicts: dict[Hashable, tuple[int, list[ClusterView], Rejections]] = {}
+        self._placement_lines: dict[tuple[str, int | None, PlacementState], str] = {}
+        self._policies: dict[int, tuple[api.PlacementPolicySpec, str, str]] = {}
+        self._selectors: dict[int, tuple[api.LabelSelector, str]] = {}
+        self._verdicts: dict[
+            Hashable, tuple[int, list[ClusterView], Rejections, dict[str, int]]
+        ] = {}
+        """Key → (epoch, passing, rejections, each passing cluster's position)."""
         self.memo: dict[Hashable, Any] = {}
         """Per-fleet results other modules compute that do not read capacity."""
 
@@ -419,7 +428,9 @@ class Fleet:
             base is None
             or base[0] is not record.nodes
             or base[1] is not record.available
-            or base[2] != record.allocatable
+            # (A record with only its reservations patched shares the dict: no
+            # comparison item by item then.)
+            or (base[2] is not record.allocatable and base[2] != record.allocatable)
             or base[3] != record.observed_at
         ):
             figures = hashlib.sha256(record.model_dump_json(exclude={"reserved"}).encode())
@@ -451,6 +462,7 @@ class Fleet:
         if not changed:
             return
         self.epoch += 1
+        self._stale_since.clear()
         views = list(self.views)
         for name in changed:
             record = records[name]
@@ -469,10 +481,18 @@ class Fleet:
             del self._recent[0]
 
     def _stale(self, epoch: int) -> list[ClusterView]:
-        """Views of the clusters patched after `epoch`, in name order."""
+        """Views of the clusters patched after `epoch`, in name order (remembered
+        until the next patch: the memos filled by one decision are read together)."""
         behind = self.epoch - epoch
         if behind == 0:
             return []
+        stale = self._stale_since.get(epoch)
+        if stale is None:
+            stale = self._stale_since[epoch] = self._patched_since(epoch, behind)
+        return stale
+
+    def _patched_since(self, epoch: int, behind: int) -> list[ClusterView]:
+        """`_stale` computed: the views of the clusters the last `behind` patches changed."""
         if behind <= len(self._recent):
             # A memo a few patches old: the names those patches touched, not a pass
             # over the whole fleet.
@@ -503,26 +523,57 @@ class Fleet:
         """
         entry = self._verdicts.get(key)
         if entry is None:
-            passing, rejections = judge(self.views)
-        else:
-            epoch, passing, rejections = entry
-            stale = self._stale(epoch)
-            if not stale:
-                return passing, rejections
-            if stands is not None:
-                stale = [
-                    v for v in stale if v.name not in rejections or not stands(rejections[v.name])
-                ]
-            if not stale:
-                _bounded(self._verdicts)[key] = (self.epoch, passing, rejections)
-                return passing, rejections
-            _, rejected = (again or judge)(stale)
-            names = {v.name for v in stale}
-            rejections = {n: v for n, v in rejections.items() if n not in names}
-            rejections.update(rejected)
+            return self._remember_verdicts(key, judge(self.views)[1])
+        epoch, passing, rejections, index = entry
+        stale = self._stale(epoch)
+        if not stale:
+            return passing, rejections
+        if stands is not None:
+            stale = [v for v in stale if v.name not in rejections or not stands(rejections[v.name])]
+        if not stale:
+            self._verdicts[key] = (self.epoch, passing, rejections, index)
+            return passing, rejections
+        _, rejected = (again or judge)(stale)
+        # Usually a patch changes no verdict (a cluster with room keeps passing, a full
+        # one stays rejected by the same unit), and then neither the canonical order
+        # of the rejections nor which clusters pass changes: the memo is updated for
+        # the stale clusters alone instead of being sorted and rebuilt over the fleet.
+        updated = dict(rejections)
+        moved = False
+        for view in stale:
+            name = view.name
+            before = rejections.get(name)
+            after = rejected.get(name)
+            if after is None:
+                if before is not None:
+                    del updated[name]
+                    moved = True
+            elif before is None or before.unit != after.unit:
+                updated[name] = after
+                moved = True
+            else:
+                updated[name] = after  # same key, same place in the order
+        if moved:
+            return self._remember_verdicts(key, updated)
+        # Only capacity changed: the passing clusters are the same, but their views
+        # carry the patched records (scores read them).
+        passing = list(passing)
+        for view in stale:
+            at = index.get(view.name)
+            if at is not None:
+                passing[at] = view
+        self._verdicts[key] = (self.epoch, passing, updated, index)
+        return passing, updated
+
+    def _remember_verdicts(
+        self, key: Hashable, rejections: Rejections
+    ) -> tuple[list[ClusterView], Rejections]:
+        """Store verdicts in canonical form: rejections by (unit, cluster name), and
+        every other cluster passing, in fleet order."""
         rejections = dict(sorted(rejections.items(), key=lambda item: (item[1].unit, item[0])))
         passing = [v for v in self.views if v.name not in rejections]
-        _bounded(self._verdicts)[key] = (self.epoch, passing, rejections)
+        index = {v.name: i for i, v in enumerate(passing)}
+        _bounded(self._verdicts)[key] = (self.epoch, passing, rejections, index)
         return passing, rejections
 
     def placement(
@@ -536,6 +587,16 @@ class Fleet:
             self._placements[key] = entry
         return entry
 
+    def placement_line(self, entry: ClusterPlacement) -> str:
+        """``cluster=replicas:state``, what the decision id hashes of a placement
+        (memoised: formatting the state enum is a Python-level call per entry)."""
+        key = (entry.cluster, entry.replicas, entry.state)
+        line = self._placement_lines.get(key)
+        if line is None:
+            line = f"{entry.cluster}={entry.replicas}:{entry.state}"
+            _bounded(self._placement_lines)[key] = line
+        return line
+
     def policy_text(self, policy: api.PlacementPolicySpec | None) -> str | None:
         """The policy as canonical JSON, for decision ids (memoised per policy object).
 
@@ -545,16 +606,35 @@ class Fleet:
         """
         if policy is None:
             return None
+        return self._policy_entry(policy)[1]
+
+    def _policy_entry(self, policy: api.PlacementPolicySpec) -> tuple[Any, str, str]:
+        """(the policy, `policy_text`, that text as a JSON string): the last is what
+        `SchedulingInput.digest` writes, escaped once per policy instead of per
+        decision."""
         entry = self._policies.get(id(policy))
         if entry is None:
             text = json.dumps(policy.model_dump(mode="json", by_alias=True), sort_keys=True)
-            entry = (policy, text)
+            entry = (policy, text, json.dumps(text))
             _bounded(self._policies)[id(policy)] = entry
+        return entry
+
+    def policy_json(self, policy: api.PlacementPolicySpec | None) -> str:
+        """``json.dumps(policy_text(policy))``, memoised with it."""
+        return "null" if policy is None else self._policy_entry(policy)[2]
+
+    def selector_text(self, selector: api.LabelSelector) -> str:
+        """``selector.model_dump_json()``, a memo key (memoised per selector object, as
+        `policy_text`: every decision under a policy keys its filters by it)."""
+        entry = self._selectors.get(id(selector))
+        if entry is None:
+            entry = (selector, selector.model_dump_json())
+            _bounded(self._selectors)[id(selector)] = entry
         return entry[1]
 
     def selected_by(self, selector: api.LabelSelector) -> frozenset[str]:
         """Names of the clusters ``selector`` selects (memoised per selector)."""
-        key = selector.model_dump_json()
+        key = self.selector_text(selector)
         selected = self._selected.get(key)
         if selected is None:
             selected = frozenset(v.name for v in self.views if labels.matches(selector, v.labels))
@@ -581,7 +661,9 @@ class Fleet:
             values = dict(entry[1])
         amounts = tuple((r, amount) for r, amount in _shape(per_replica).items() if amount > 0)
         headroom = self._headroom
-        node_fits = self._node_fits
+        node_fits = self._node_fits.get(key)
+        if node_fits is None:
+            node_fits = _bounded(self._node_fits)[key] = {}
         for view in views:
             name = view.name
             record = view.capacity
@@ -604,10 +686,10 @@ class Fleet:
                     fit = count
             nodes = record.nodes
             if nodes and fit:
-                remembered = node_fits.get((name, key))
+                remembered = node_fits.get(name)
                 if remembered is None or remembered[0] is not nodes:
                     remembered = (nodes, sum(_count_amounts(node.free, amounts) for node in nodes))
-                    _bounded(node_fits)[(name, key)] = remembered
+                    node_fits[name] = remembered
                 if remembered[1] < fit:
                     fit = remembered[1]
             values[name] = fit
@@ -660,6 +742,10 @@ def _bounded(memo: dict[K, V]) -> dict[K, V]:
     if len(memo) >= MEMO_LIMIT:
         memo.clear()
     return memo
+
+
+_SORTED_JSON = json.JSONEncoder(sort_keys=True)
+"""``json.dumps(..., sort_keys=True)`` without building an encoder per call."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -731,16 +817,21 @@ class SchedulingInput:
                 [c.name, c.replicas, sorted(c.requests.items())] for c in analyzed.components
             ],
         }
-        parts: list[Any] = [
-            obj,
-            self.fleet.policy_text(self.policy),
-            self.fleet.fingerprint,
-            [[p.cluster, p.replicas, p.state.value] for p in self.previous],
-            sorted((k, sorted(v)) for k, v in self.dependency_placements.items()),
-            self.now.isoformat(),
-            sorted(self.avoid_clusters),
-        ]
-        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+        # What ``json.dumps([obj, policy text, fingerprint, ...], sort_keys=True)``
+        # writes, item by item: the policy's JSON string is escaped once per policy.
+        encode = _SORTED_JSON.encode
+        text = ", ".join(
+            [
+                encode(obj),
+                self.fleet.policy_json(self.policy),
+                encode(self.fleet.fingerprint),
+                encode([[p.cluster, p.replicas, p.state.value] for p in self.previous]),
+                encode(sorted((k, sorted(v)) for k, v in self.dependency_placements.items())),
+                encode(self.now.isoformat()),
+                encode(sorted(self.avoid_clusters)),
+            ]
+        )
+        return hashlib.sha256(f"[{text}]".encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

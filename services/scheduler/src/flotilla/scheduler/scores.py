@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import compress, islice
+from operator import eq
 
 from flotilla.scheduler.model import UNBOUNDED, ClusterView, Context, Registry
 
@@ -100,34 +102,59 @@ def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Sequence[float]
 
 @score("balance", weight=1)
 def balance(ctx: Context, candidates: Sequence[ClusterView]) -> Sequence[float] | None:
-    busiest = max(c.placements for c in candidates)
+    placements = [c.placements for c in candidates]
+    busiest = max(placements)
     if busiest == 0:
         return None
-    return [MAX - MAX * c.placements / busiest for c in candidates]
+    return [MAX - MAX * n / busiest for n in placements]
 
 
 def totals(ctx: Context, candidates: Sequence[ClusterView]) -> list[float]:
     """The weighted sum of every registered score, per candidate in order."""
-    total = [0.0] * len(candidates)
+    total: list[float] | None = None
     for _, unit in SCORES.items():
         values = unit.fn(ctx, candidates)
-        if values is not None:
-            weight = unit.weight
-            total = [t + weight * v for t, v in zip(total, values, strict=True)]
-    return total
+        if values is None:
+            continue
+        if len(values) != len(candidates):
+            raise ValueError(f"a score gave {len(values)} values for {len(candidates)} clusters")
+        weight = unit.weight
+        # The first score is taken as it is (0.0 + x is x) and a weight of 1 is not
+        # multiplied by: two passes fewer over the candidates, the same sums.
+        weighted = values if weight == 1 else [weight * v for v in values]
+        total = (
+            list(weighted)
+            if total is None
+            else [t + v for t, v in zip(total, weighted, strict=True)]
+        )
+    return [0.0] * len(candidates) if total is None else total
 
 
 def rank(ctx: Context, candidates: Sequence[ClusterView]) -> list[ClusterView]:
-    """The candidates, best first (highest total, then tie-break, then name)."""
-    if len(candidates) <= 1:
+    """The candidates, best first (highest total, then tie-break, then name).
+
+    Sorted by total alone first; only runs of equal totals are then ordered by
+    tie-break and name, so tie-breaks are computed for the tied candidates alone
+    (none, usually, once capacity and balance have spoken). The order is the one
+    the full key gives."""
+    count = len(candidates)
+    if count <= 1:
         return list(candidates)
-    keyed = sorted(
-        zip(
-            [-t for t in totals(ctx, candidates)],
-            ctx.tiebreaks(candidates),
-            [c.name for c in candidates],
-            range(len(candidates)),
-            strict=True,
-        )
-    )
-    return [candidates[k[3]] for k in keyed]
+    total = totals(ctx, candidates)
+    order = sorted(range(count), key=total.__getitem__, reverse=True)
+    if len(set(total)) < count:
+        ordered = [total[i] for i in order]
+        # Positions p where the p-th and the next total are equal (C-level passes).
+        tied = list(compress(range(count - 1), map(eq, ordered, islice(ordered, 1, None))))
+        start = 0
+        while start < len(tied):
+            end = start
+            while end + 1 < len(tied) and tied[end + 1] == tied[end] + 1:
+                end += 1
+            first, last = tied[start], tied[end] + 1  # one run of equal totals
+            run = order[first : last + 1]
+            views = [candidates[i] for i in run]
+            keyed = sorted(zip(ctx.tiebreaks(views), [v.name for v in views], run, strict=True))
+            order[first : last + 1] = [k[2] for k in keyed]
+            start = end + 1
+    return [candidates[i] for i in order]

@@ -354,17 +354,29 @@ def split(ctx: Context, ranked: Sequence[ClusterView]) -> Assignment:
             f"0 replicas requested; the object stays on {chosen[0].name} with none",
             rejections,
         )
-    caps = []
-    for cluster in chosen:
-        room = ctx.capacity_of(cluster.name) if ctx.required else UNBOUNDED
-        caps.append(ctx.held.get(cluster.name, 0) if room is None else room)
+    held = ctx.held
+    if not ctx.required:
+        caps = [UNBOUNDED] * len(chosen)
+    elif held:
+        caps = []
+        for cluster in chosen:
+            room = ctx.capacity_of(cluster.name)
+            caps.append(held.get(cluster.name, 0) if room is None else room)
+    else:
+        # `Context.capacity_of` without a call per cluster: nothing is held, and a
+        # cluster without a record has no room.
+        fits = ctx.fits
+        caps = [min(fits.get(c.name, 0), UNBOUNDED) for c in chosen]
     if static:
         weights = [static[c.name] for c in chosen]
         basis = "weights"
     else:
         weights = [max(cap, 1) for cap in caps]
         basis = "capacity"
-    start = [min(ctx.held.get(c.name, 0), cap) for c, cap in zip(chosen, caps, strict=True)]
+    if held:
+        start = [min(held.get(c.name, 0), cap) for c, cap in zip(chosen, caps, strict=True)]
+    else:
+        start = [0] * len(chosen)
     counts = apportion(total, weights, caps, start)
     placements = [(c.name, n) for c, n in zip(chosen, counts, strict=True) if n > 0]
     placed = sum(counts)
