@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from kubernetes_asyncio import client as k8s
+from pydantic import SecretStr
 
 from flotilla.common import events, kube
 from flotilla.common.api import Strategy
@@ -35,7 +36,7 @@ async def test_unschedulable_object_gets_a_warning_event_on_the_hub(
         service="scheduler",
         instance="only",
         nats_url=nats_server.url,
-        redis_url=redis_server.url,
+        redis_url=SecretStr(redis_server.url),
         stream_prefix=f"sched{unique}",
         partitions=2,
         health_host="127.0.0.1",
