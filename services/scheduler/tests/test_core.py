@@ -548,21 +548,51 @@ def test_release_retiring_drops_only_the_named_retiring_entries(
         assert result == release_retiring(decided, released)  # deterministic
 
 
+def patch_lists(most: int) -> st.SearchStrategy[list[list[tuple[int, int | None]]]]:
+    """Up to `most` patches of up to three clusters ``c0``..``c6`` each: a record with
+    that many millicores reserved (small ones mostly change no verdict, large ones
+    move clusters between passing and rejected), or None for no record."""
+    return st.lists(
+        st.lists(
+            st.tuples(
+                st.integers(0, 6),
+                st.one_of(st.none(), st.integers(0, 250), st.integers(0, 4000)),
+            ),
+            min_size=1,
+            max_size=3,
+        ),
+        min_size=1,
+        max_size=most,
+    )
+
+
+def patch_records(
+    clusters: list[ClusterBuilder], patch: list[tuple[int, int | None]]
+) -> dict[str, capacity.ClusterCapacity | None]:
+    """One patch of `patch_lists` as the records it puts in (clusters without a
+    record, or not in the fleet, are left out)."""
+    change: dict[str, capacity.ClusterCapacity | None] = {}
+    for index, reserved_cpu in patch:
+        name = f"c{index}"
+        base = next((c for c in clusters if c.name == name), None)
+        record = base.record() if base is not None else None
+        if record is None:
+            continue
+        change[name] = (
+            None
+            if reserved_cpu is None
+            else record.model_copy(update={"reserved": {"cpu": reserved_cpu, "pods": 1}})
+        )
+    return change
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     clusters=fleets(),
     policy=policies(),
     replicas=st.integers(0, 12),
     held=st.lists(st.tuples(st.integers(0, 6), st.integers(1, 5)), max_size=3),
-    patches=st.lists(
-        st.lists(
-            st.tuples(st.integers(0, 6), st.one_of(st.none(), st.integers(0, 4000))),
-            min_size=1,
-            max_size=3,
-        ),
-        min_size=1,
-        max_size=4,
-    ),
+    patches=patch_lists(4),
 )
 def test_patched_fleet_decides_like_a_fresh_one(
     clusters: list[ClusterBuilder],
@@ -584,17 +614,7 @@ def test_patched_fleet_decides_like_a_fresh_one(
     for patch in patches:
         for obj in objects:  # warm every memo on the current records
             schedule(make_input(obj, patched, policy=policy, previous=previous))
-        change: dict[str, capacity.ClusterCapacity | None] = {}
-        for index, reserved_cpu in patch:
-            name = f"c{index}"
-            if name not in records:
-                continue
-            base = next(c for c in clusters if c.name == name).record()
-            change[name] = (
-                None
-                if reserved_cpu is None or base is None
-                else base.model_copy(update={"reserved": {"cpu": reserved_cpu, "pods": 1}})
-            )
+        change = patch_records(clusters, patch)
         records.update(change)
         patched.patch(change)
     snapshot = capacity.Snapshot(
@@ -745,18 +765,7 @@ def test_rejection_reasons_list_names_sorted_and_reasons_by_their_first_name() -
     policy=policies(),
     replicas=st.integers(0, 12),
     held=st.lists(st.tuples(st.integers(0, 6), st.integers(1, 5)), max_size=3),
-    patches=st.lists(
-        st.lists(
-            st.tuples(
-                st.integers(0, 6),
-                st.one_of(st.none(), st.integers(0, 250), st.integers(0, 4000)),
-            ),
-            min_size=1,
-            max_size=3,
-        ),
-        min_size=1,
-        max_size=6,
-    ),
+    patches=patch_lists(6),
     data=st.data(),
 )
 def test_every_patch_leaves_the_memos_as_a_fresh_fleet_would_fill_them(
@@ -784,18 +793,7 @@ def test_every_patch_leaves_the_memos_as_a_fresh_fleet_would_fill_them(
     patched = fleet(*clusters)
     records = {c.name: c.record() for c in clusters}
     for patch in patches:
-        change: dict[str, capacity.ClusterCapacity | None] = {}
-        for index, reserved_cpu in patch:
-            name = f"c{index}"
-            base = next((c for c in clusters if c.name == name), None)
-            record = base.record() if base is not None else None
-            if record is None:
-                continue
-            change[name] = (
-                None
-                if reserved_cpu is None
-                else record.model_copy(update={"reserved": {"cpu": reserved_cpu, "pods": 1}})
-            )
+        change = patch_records(clusters, patch)
         records.update(change)
         patched.patch(change)
         snapshot = capacity.Snapshot(

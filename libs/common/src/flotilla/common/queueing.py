@@ -138,9 +138,7 @@ class KeyedQueue(Generic[D]):
             except Exception:  # the processor maps errors; this is a last line of defence
                 log.exception("processing %s#%s crashed", key, delivery.sequence)
                 outcome = Retry(delay=1.0)
-            self._pending -= 1
-            if self._pending <= self._low:
-                self._room.set()
+            self._finished()
             if isinstance(outcome, Retry):
                 state.parked_on = delivery.sequence
                 state.parked_until = time.monotonic() + outcome.delay + self._park_grace
@@ -157,11 +155,15 @@ class KeyedQueue(Generic[D]):
             candidate = state.waiting.popleft()
             if candidate.sequence not in state.done:
                 return candidate
-            self._pending -= 1
-            if self._pending <= self._low:
-                self._room.set()
+            self._finished()
             self._spawn(self._duplicate(candidate))
         return None
+
+    def _finished(self) -> None:
+        """One accepted delivery is done with: let waiting fetchers in at the low mark."""
+        self._pending -= 1
+        if self._pending <= self._low:
+            self._room.set()
 
     def _forget_if_idle(self, key: str, state: _Key[D]) -> None:
         idle = state.running is None and not state.waiting and state.parked_on is None

@@ -302,19 +302,17 @@ def publish_span(
     """A PRODUCER span around a publish; its context is injected into `headers`
     (None: the caller injects it itself, inside the span)."""
     if not _records(tracer):
-        current = trace.get_current_span()
-        if current.get_span_context().is_valid:
-            if headers is not None:
-                _lean_inject(headers)
-            yield current
-            return
-        token = otel_context.attach(_new_trace())
+        # The current span is handed on; outside any trace, one begins here.
+        token = None
+        if not trace.get_current_span().get_span_context().is_valid:
+            token = otel_context.attach(_new_trace())
         try:
             if headers is not None:
                 _lean_inject(headers)
             yield trace.get_current_span()
         finally:
-            otel_context.detach(token)
+            if token is not None:
+                otel_context.detach(token)
         return
     tracer = tracer or trace.get_tracer(__name__)
     with tracer.start_as_current_span(

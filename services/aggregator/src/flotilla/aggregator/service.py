@@ -149,8 +149,9 @@ class Aggregator:
         self._pending: dict[str, asyncio.Task[None]] = {}
         """key → its flush that has not started writing yet (what new reports join)."""
         self._writing: set[str] = set()
-        self._flush_slots = asyncio.Semaphore(FLUSH_CONCURRENCY)
         """Keys whose flush is writing now: a report meanwhile waits for it (`_again`)."""
+        self._flush_slots = asyncio.Semaphore(FLUSH_CONCURRENCY)
+        """Flushes writing to the hub at once (`FLUSH_CONCURRENCY`)."""
         self._again: set[str] = set()
         """Keys to flush once more when their current flush is done."""
         self._flushes: set[asyncio.Task[None]] = set()

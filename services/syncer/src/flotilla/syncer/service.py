@@ -98,6 +98,8 @@ log = logging.getLogger(__name__)
 
 SERVICE = "syncer"
 FIELD_MANAGER = "flotilla"
+NAMESPACE = ("v1", "Namespace")
+"""(apiVersion, kind) of a Namespace work's member object."""
 COMPONENT = "flotilla-syncer"
 WORKS_BUCKET = "syncer-works"
 REPORT_DELAY = 0.1
@@ -393,7 +395,7 @@ class Syncer:
                 resource = None  # the type is not served there: nothing to delete
             if resource is not None:
                 await self._delete(api, resource, namespace, name, work)
-        if (api_version, kind) == ("v1", "Namespace"):
+        if (api_version, kind) == NAMESPACE:
             self._namespaces.get(work.cluster, set()).discard(name)
             self._removed_namespaces.setdefault(work.cluster, set()).add(name)
         await self.works.delete(key)
@@ -543,4 +545,4 @@ async def setup(rt: Runtime) -> Syncer:
 def _namespace_of(member: tuple[str, str, str, str]) -> str:
     """The namespace a work's member object is in, or that it is (a Namespace)."""
     api_version, kind, namespace, name = member
-    return name if (api_version, kind) == ("v1", "Namespace") else namespace
+    return name if (api_version, kind) == NAMESPACE else namespace
