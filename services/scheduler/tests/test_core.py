@@ -586,14 +586,18 @@ def patch_records(
     return change
 
 
+PATCHED_FLEET_CASES = {
+    "clusters": fleets(),
+    "policy": policies(),
+    "replicas": st.integers(0, 12),
+    "held": st.lists(st.tuples(st.integers(0, 6), st.integers(1, 5)), max_size=3),
+}
+"""A fleet, a policy and an object's size and previous placement, for the tests that
+patch a fleet and compare it with one built fresh."""
+
+
 @settings(max_examples=60, deadline=None)
-@given(
-    clusters=fleets(),
-    policy=policies(),
-    replicas=st.integers(0, 12),
-    held=st.lists(st.tuples(st.integers(0, 6), st.integers(1, 5)), max_size=3),
-    patches=patch_lists(4),
-)
+@given(**PATCHED_FLEET_CASES, patches=patch_lists(4))
 def test_patched_fleet_decides_like_a_fresh_one(
     clusters: list[ClusterBuilder],
     policy: PolicyBuilder | None,
@@ -760,14 +764,7 @@ def test_rejection_reasons_list_names_sorted_and_reasons_by_their_first_name() -
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    clusters=fleets(),
-    policy=policies(),
-    replicas=st.integers(0, 12),
-    held=st.lists(st.tuples(st.integers(0, 6), st.integers(1, 5)), max_size=3),
-    patches=patch_lists(6),
-    data=st.data(),
-)
+@given(**PATCHED_FLEET_CASES, patches=patch_lists(6), data=st.data())
 def test_every_patch_leaves_the_memos_as_a_fresh_fleet_would_fill_them(
     clusters: list[ClusterBuilder],
     policy: PolicyBuilder | None,
