@@ -60,6 +60,7 @@ bench: bootstrap
 	$(PY) bench/bus.py
 	$(PY) bench/capacity.py
 	$(PY) bench/scheduler.py
+	$(PY) bench/io_floor.py
 	$(PY) bench/kubesim.py
 	$(PY) bench/transformer.py
 	$(PY) bench/syncer.py
