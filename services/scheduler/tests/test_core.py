@@ -914,3 +914,15 @@ def test_digest_is_the_hash_of_the_input_as_one_sorted_json_list(
     expected = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
     assert inp.digest() == expected
     assert inp.digest() == expected  # the policy's JSON from the memo
+
+
+def test_a_view_with_another_record_keeps_every_other_field() -> None:
+    """`ClusterView.with_capacity` copies slot by slot: a field added to the view
+    must come along without touching it."""
+    built = fleet(make_cluster("a").with_labels(region="eu").with_room(cpu="2").with_taint("gpu"))
+    view = built.by_name["a"]
+    record = make_cluster("a").with_room(cpu="1").record()
+    patched = view.with_capacity(record)
+    assert patched == dataclasses.replace(view, capacity=record)
+    assert patched.capacity is record and view.capacity is not record
+    assert view.with_capacity(None) == dataclasses.replace(view, capacity=None)
