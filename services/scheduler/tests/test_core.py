@@ -684,22 +684,28 @@ def test_a_capacity_patch_judges_again_only_what_capacity_can_change() -> None:
     assert len(judged) == 2  # nothing patched since: the memo answers
 
 
-@pytest.mark.parametrize("patches", [1, RECENT_PATCHES, RECENT_PATCHES + 5])
-def test_memos_catch_up_on_any_number_of_patches_since_they_were_filled(patches: int) -> None:
+@pytest.mark.parametrize("width", [1, 9])
+@pytest.mark.parametrize("patches", [1, 2, RECENT_PATCHES, RECENT_PATCHES + 5])
+def test_memos_catch_up_on_any_number_of_patches_since_they_were_filled(
+    patches: int, width: int
+) -> None:
     """A memo filled before a run of patches recomputes the clusters they changed,
-    whether the fleet still remembers each patch's names or must scan for them."""
-    clusters = [make_cluster(f"c{i}") for i in range(6)]
+    whether the fleet unions the names of the few it remembers or scans for them
+    (patches of `width` clusters: 9 of 12 is a copy object's claim)."""
+    clusters = [make_cluster(f"c{i:02d}") for i in range(12)]
     patched = fleet(*clusters)
     objects = [make_deployment(replicas=9).with_requests(cpu="500m"), make_daemonset()]
     for obj in objects:
         schedule(make_input(obj, patched))
     records = {c.name: c.record() for c in clusters}
     for step in range(patches):
-        name = f"c{step % 3}"
-        base = records[name]
-        assert base is not None
-        records[name] = base.model_copy(update={"reserved": {"cpu": 100 * (step + 1), "pods": 1}})
-        patched.patch({name: records[name]})
+        change = {}
+        for name in sorted({f"c{(step + j) % 12:02d}" for j in range(width)}, reverse=True):
+            base = records[name]
+            assert base is not None
+            reserved = {"cpu": 100 * (step + 1), "pods": 1}
+            change[name] = records[name] = base.model_copy(update={"reserved": reserved})
+        patched.patch(change)
     snapshot = capacity.Snapshot(
         clusters={n: r for n, r in records.items() if r is not None}, taken_at=NOW.timestamp()
     )

@@ -499,12 +499,17 @@ class Fleet:
     def _patched_since(self, epoch: int, behind: int) -> list[ClusterView]:
         """`_stale` computed: the views of the clusters the last `behind` patches changed."""
         if behind <= len(self._recent):
-            # A memo a few patches old: the names those patches touched, not a pass
-            # over the whole fleet.
-            names = {name for patch in self._recent[-behind:] for name in patch}
-            return [self.by_name[name] for name in sorted(names)]
-        names = {name for name, at in self._changed_at.items() if at > epoch}
-        return [v for v in self.views if v.name in names]
+            patches = self._recent[-behind:]
+            if sum(map(len, patches)) < len(self.views) // 4:
+                # A memo a few small patches old: the names those patches touched,
+                # not a pass over the whole fleet.
+                names = set().union(*patches)
+                return [self.by_name[name] for name in sorted(names)]
+        # Many names (a copy object's claim patches most of the fleet, and a memo
+        # behind one or more of those would union them all): one pass over the
+        # fleet, already in name order.
+        changed_at = self._changed_at
+        return [v for v in self.views if changed_at.get(v.name, 0) > epoch]
 
     def verdicts(
         self,
