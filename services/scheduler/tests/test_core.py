@@ -32,6 +32,7 @@ from flotilla.scheduler.model import (
     Rejections,
     SchedulingInput,
     Verdict,
+    _reserved_text,
 )
 
 from .builders import (
@@ -932,3 +933,12 @@ def test_a_view_with_another_record_keeps_every_other_field() -> None:
     assert patched == dataclasses.replace(view, capacity=record)
     assert patched.capacity is record and view.capacity is not record
     assert view.with_capacity(None) == dataclasses.replace(view, capacity=None)
+
+
+@given(st.lists(st.dictionaries(st.text(max_size=6), st.integers(), max_size=5), max_size=4))
+def test_reserved_totals_are_hashed_as_their_sorted_repr(totals: list[dict[str, int]]) -> None:
+    """A fingerprint part hashes ``repr(sorted(reserved.items()))``, made from a
+    template per set of names: the same text for any names (quotes, ``%``) and any
+    order they come in, the template reused."""
+    for reserved in totals + [dict(reversed(t.items())) for t in totals]:
+        assert _reserved_text(reserved) == repr(sorted(reserved.items()))

@@ -139,9 +139,11 @@ class ReadModel:
             for resource, amount in delta.items():
                 totals[resource] = totals.get(resource, 0) + amount
             # In no particular order: whatever reads the totals (the fleet's
-            # fingerprint, record equality) does not depend on it.
-            reserved = {r: amount for r, amount in totals.items() if amount > 0}
-            changed[name] = records[name] = with_reserved(record, reserved)
+            # fingerprint, record equality) does not depend on it. Usually every
+            # total is positive and there is nothing to leave out.
+            if min(totals.values()) <= 0:
+                totals = {r: amount for r, amount in totals.items() if amount > 0}
+            changed[name] = records[name] = with_reserved(record, totals)
         fleet.patch(changed)
 
     def settled(self, plan: Plan, *, applied: bool) -> None:
