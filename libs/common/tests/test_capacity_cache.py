@@ -126,6 +126,80 @@ async def test_an_unchecked_claim_puts_reservations_back(cache: CapacityCache) -
     assert {r.id for r in await cache.reservations("c")} == {"other", "k"}
 
 
+async def test_a_copy_sized_claim_with_mixed_shapes_releases_and_its_undo(
+    cache: CapacityCache,
+) -> None:
+    """What a copy object claims: one shared shape on forty clusters, a component
+    of another shape (equal requests, separate mappings) on some, releases of what
+    it held before; refused as a whole, then applied, then undone unchecked."""
+    names = [f"c-{i:02d}" for i in range(40)]
+    for name in names:
+        free = 400 if name == "c-07" else 4000
+        await cache.put(record(name, {"cpu": free, "gpu": 2, "pods": 10}))
+    for name in names[:5]:
+        assert await cache.reserve(name, "old", {"cpu": 300}, 1, ttl=60)
+    before = (await cache.snapshot()).clusters
+    agent = {"cpu": 500}
+    claims = [Claim(name, "k#agent", agent, 1) for name in names]
+    claims += [Claim(name, "k#side", {"cpu": 100, "gpu": 1}, 2) for name in names[::3]]
+    releases = [(name, "old") for name in names[:5]]
+    assert await cache.claim(claims, 60, releases=releases) == {"c-07"}
+    assert (await cache.snapshot()).clusters == before
+
+    claims = [c for c in claims if c.cluster != "c-07"]
+    assert await cache.claim(claims, 60, releases=releases) == set()
+    after = (await cache.snapshot()).clusters
+    for name in names:
+        side = name in names[::3]
+        expected = {"cpu": 500 + (200 if side else 0), "pods": 1 + (2 if side else 0)}
+        if side:
+            expected["gpu"] = 2
+        assert after[name].reserved == ({} if name == "c-07" else expected), name
+    # Claimed again (a redelivery): each id replaces itself, nothing counts twice.
+    assert await cache.claim(claims, 60) == set()
+    assert (await cache.snapshot()).clusters == after
+
+    undo_claims = [Claim(name, "old", {"cpu": 300}, 1) for name in names[:5]]
+    undo_releases = [(c.cluster, c.reservation_id) for c in claims]
+    assert await cache.claim(undo_claims, 60, releases=undo_releases, check=False) == set()
+    assert (await cache.snapshot()).clusters == before
+
+
+async def test_claims_of_many_clusters_match_the_fake(
+    redis_server: RedisServer, unique: str
+) -> None:
+    """Random multi-cluster claims (shared and separate shapes, re-claimed ids,
+    releases, unchecked undos) against the fake: the same refusals, the same totals."""
+    rng = random.Random(20261201)
+    fake = FakeCapacityCache()
+    names = [f"c{i}" for i in range(12)]
+    shapes = [{"cpu": 700}, {"cpu": 250, "gpu": 1}, {"memory": 3}, {}]
+    async with RedisCapacityCache.from_url(redis_server.url, prefix=f"test:{unique}:many:") as real:
+        for name in names:
+            free = {"cpu": rng.randrange(0, 6000), "gpu": rng.randrange(0, 3), "memory": 9}
+            for cache in (fake, real):
+                await cache.put(record(name, {**free, "pods": 8}, {**free, "pods": 4}))
+        for step in range(120):
+            chosen = rng.sample([*names, "missing"], rng.randrange(1, 13))
+            shared = rng.choice(shapes)
+            claims = [
+                Claim(
+                    name,
+                    f"k{rng.randrange(4)}#{part}",
+                    shared if rng.random() < 0.7 else dict(rng.choice(shapes)),
+                    rng.randrange(0, 3),
+                )
+                for name in chosen
+                for part in range(rng.randrange(1, 3))
+            ]
+            releases = [(rng.choice(names), f"k{rng.randrange(4)}#0") for _ in range(3)]
+            check = rng.random() < 0.8
+            expected = await fake.claim(claims, 600, releases=releases, check=check)
+            assert await real.claim(claims, 600, releases=releases, check=check) == expected, step
+            real_snap, fake_snap = await real.snapshot(), await fake.snapshot()
+            assert real_snap.clusters == fake_snap.clusters, step
+
+
 async def test_a_new_record_is_judged_by_its_own_nodes(cache: CapacityCache) -> None:
     await cache.put(record("c", {"cpu": 1000, "pods": 10}))
     assert await cache.claim([Claim("c", "k", {"cpu": 1000}, 2)], 60) == {"c"}

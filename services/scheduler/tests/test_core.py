@@ -32,6 +32,7 @@ from flotilla.scheduler.model import (
     Rejections,
     SchedulingInput,
     Verdict,
+    _reserved_text,
 )
 
 from .builders import (
@@ -684,22 +685,28 @@ def test_a_capacity_patch_judges_again_only_what_capacity_can_change() -> None:
     assert len(judged) == 2  # nothing patched since: the memo answers
 
 
-@pytest.mark.parametrize("patches", [1, RECENT_PATCHES, RECENT_PATCHES + 5])
-def test_memos_catch_up_on_any_number_of_patches_since_they_were_filled(patches: int) -> None:
+@pytest.mark.parametrize("width", [1, 9])
+@pytest.mark.parametrize("patches", [1, 2, RECENT_PATCHES, RECENT_PATCHES + 5])
+def test_memos_catch_up_on_any_number_of_patches_since_they_were_filled(
+    patches: int, width: int
+) -> None:
     """A memo filled before a run of patches recomputes the clusters they changed,
-    whether the fleet still remembers each patch's names or must scan for them."""
-    clusters = [make_cluster(f"c{i}") for i in range(6)]
+    whether the fleet unions the names of the few it remembers or scans for them
+    (patches of `width` clusters: 9 of 12 is a copy object's claim)."""
+    clusters = [make_cluster(f"c{i:02d}") for i in range(12)]
     patched = fleet(*clusters)
     objects = [make_deployment(replicas=9).with_requests(cpu="500m"), make_daemonset()]
     for obj in objects:
         schedule(make_input(obj, patched))
     records = {c.name: c.record() for c in clusters}
     for step in range(patches):
-        name = f"c{step % 3}"
-        base = records[name]
-        assert base is not None
-        records[name] = base.model_copy(update={"reserved": {"cpu": 100 * (step + 1), "pods": 1}})
-        patched.patch({name: records[name]})
+        change = {}
+        for name in sorted({f"c{(step + j) % 12:02d}" for j in range(width)}, reverse=True):
+            base = records[name]
+            assert base is not None
+            reserved = {"cpu": 100 * (step + 1), "pods": 1}
+            change[name] = records[name] = base.model_copy(update={"reserved": reserved})
+        patched.patch(change)
     snapshot = capacity.Snapshot(
         clusters={n: r for n, r in records.items() if r is not None}, taken_at=NOW.timestamp()
     )
@@ -914,3 +921,28 @@ def test_digest_is_the_hash_of_the_input_as_one_sorted_json_list(
     expected = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
     assert inp.digest() == expected
     assert inp.digest() == expected  # the policy's JSON from the memo
+
+
+def test_a_view_with_another_record_keeps_every_other_field() -> None:
+    """`ClusterView.with_capacity` fills a draft of the view's slots field by field:
+    every field comes along, and what it gives is an ordinary frozen view."""
+    built = fleet(make_cluster("a").with_labels(region="eu").with_room(cpu="2").with_taint("gpu"))
+    view = built.by_name["a"]
+    record = make_cluster("a").with_room(cpu="1").record()
+    patched = view.with_capacity(record)
+    assert patched == dataclasses.replace(view, capacity=record)
+    assert patched.capacity is record and view.capacity is not record
+    assert view.with_capacity(None) == dataclasses.replace(view, capacity=None)
+    assert type(patched) is ClusterView
+    assert {f.name for f in dataclasses.fields(ClusterView)} == set(ClusterView.__slots__)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        patched.capacity = None  # type: ignore[misc]
+
+
+@given(st.lists(st.dictionaries(st.text(max_size=6), st.integers(), max_size=5), max_size=4))
+def test_reserved_totals_are_hashed_as_their_sorted_repr(totals: list[dict[str, int]]) -> None:
+    """A fingerprint part hashes ``repr(sorted(reserved.items()))``, made from a
+    template per set of names: the same text for any names (quotes, ``%``) and any
+    order they come in, the template reused."""
+    for reserved in totals + [dict(reversed(t.items())) for t in totals]:
+        assert _reserved_text(reserved) == repr(sorted(reserved.items()))

@@ -68,14 +68,17 @@ local function with_pod(shape)
 end
 
 -- add (sign 1) or take away (sign -1) one reservation body's totals
-local function count_in(totals_key, raw_body, sign)
-  local body = cjson.decode(raw_body)
+local function count_body(totals_key, body, sign)
   for r, amount in pairs(with_pod(body.requests)) do
     local delta = amount * body.replicas
     if delta ~= 0 then
       redis.call('HINCRBY', totals_key, r, string.format('%d', sign * delta))
     end
   end
+end
+
+local function count_in(totals_key, raw_body, sign)
+  count_body(totals_key, cjson.decode(raw_body), sign)
 end
 
 -- drop expired reservations of one cluster and their totals
@@ -94,23 +97,32 @@ _CLAIM = (
     _LUA_COMMON
     + """
 -- One decision's claims, all or nothing. ARGV: prefix, ttl, check ('1': refuse what
--- does not fit; '0': put back as given, for undoing), number of claims, then per
--- claim: cluster, id, body JSON, shape signature; then releases: cluster, id.
+-- does not fit; '0': put back as given, for undoing), then the claims as one JSON
+-- array: [shapes, claims, releases], where shapes lists each distinct reservation
+-- once as [body JSON, shape signature], claims is flat (cluster, id, shape index
+-- from 0) triples and releases flat (cluster, id) pairs. (One argument instead of
+-- four per claim: a copy object claims on every cluster, and the client packed
+-- hundreds of arguments, the server decoded one body per claim.)
 -- Returns the clusters that refused (nothing changed then); empty: all applied.
 local prefix = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local check = ARGV[3] == '1'
-local n = tonumber(ARGV[4])
+local call = cjson.decode(ARGV[4])
+local shapes = {}
+for s, given in ipairs(call[1]) do
+  local body = cjson.decode(given[1])
+  with_pod(body.requests)
+  shapes[s - 1] = {raw = given[1], body = body, sig = given[2]}
+end
 local claims = {}
-local i = 5
-for c = 1, n do
-  claims[c] = {cluster = ARGV[i], id = ARGV[i + 1], raw = ARGV[i + 2], sig = ARGV[i + 3]}
-  i = i + 4
+local flat = call[2]
+for j = 1, #flat, 3 do
+  claims[#claims + 1] = {cluster = flat[j], id = flat[j + 1], shape = shapes[flat[j + 2]]}
 end
 local releases = {}
-while i < #ARGV do
-  releases[#releases + 1] = {ARGV[i], ARGV[i + 1]}
-  i = i + 2
+flat = call[3]
+for j = 1, #flat, 2 do
+  releases[#releases + 1] = {flat[j], flat[j + 1]}
 end
 
 local UNBOUNDED = 2147483647
@@ -175,8 +187,8 @@ local refused = {}
 for _, claim in ipairs(claims) do
   local c = cluster(claim.cluster)
   claim.previous = redis.call('HGET', c.res, claim.id)
-  local body = cjson.decode(claim.raw)
-  local shape = with_pod(body.requests)
+  local body = claim.shape.body
+  local shape = body.requests
   if check and c.headroom == nil then
     refused[claim.cluster] = true
   elseif c.headroom ~= nil then
@@ -188,7 +200,7 @@ for _, claim in ipairs(claims) do
     end
     if check and body.replicas > 0 then
       local fit = count(shape, c.headroom)
-      local nodes = on_nodes(c, claim.cluster, shape, claim.sig)
+      local nodes = on_nodes(c, claim.cluster, shape, claim.shape.sig)
       if nodes < fit then fit = nodes end
       if fit < body.replicas then refused[claim.cluster] = true end
     end
@@ -204,8 +216,8 @@ if #out > 0 then return out end
 for _, claim in ipairs(claims) do
   local c = clusters[claim.cluster]
   if claim.previous then count_in(c.tot, claim.previous, -1) end
-  count_in(c.tot, claim.raw, 1)
-  redis.call('HSET', c.res, claim.id, claim.raw)
+  count_body(c.tot, claim.shape.body, 1)
+  redis.call('HSET', c.res, claim.id, claim.shape.raw)
   redis.call('ZADD', c.exp, string.format('%.6f', now + ttl), claim.id)
 end
 for _, release in ipairs(releases) do
@@ -450,26 +462,36 @@ class RedisCapacityCache:
         check: bool = True,
     ) -> set[str]:
         # Checked and encoded once per shape: a copy object claims the same requests
-        # (one shared mapping) on every cluster of the fleet.
-        encoded: dict[tuple[int, int], tuple[str, str]] = {}
-        args: list[str | int] = [self._prefix, repr(float(ttl)), "1" if check else "0", len(claims)]
+        # (one shared mapping) on every cluster of the fleet. The claims go as one
+        # JSON argument (see `_CLAIM`), each shape listed once.
+        index: dict[tuple[int, int], int] = {}
+        shapes: list[tuple[str, str]] = []
+        flat: list[str | int] = []
         for one in claims:
-            shape = encoded.get((id(one.per_replica), one.replicas))
-            if shape is None:
+            slot = (id(one.per_replica), one.replicas)
+            at = index.get(slot)
+            if at is None:
                 validate_reservation(one.per_replica, one.replicas, ttl)
                 requests = json.dumps(dict(one.per_replica), separators=(",", ":"), sort_keys=True)
-                shape = (f'{{"requests":{requests},"replicas":{one.replicas}}}', requests)
-                encoded[(id(one.per_replica), one.replicas)] = shape
-            args.extend([one.cluster, one.reservation_id, *shape])
-        for cluster, reservation_id in releases:
-            args.extend([cluster, reservation_id])
-        where = ", ".join(sorted({one.cluster for one in claims} | {c for c, _ in releases}))
+                at = index[slot] = len(shapes)
+                shapes.append((f'{{"requests":{requests},"replicas":{one.replicas}}}', requests))
+            flat += (one.cluster, one.reservation_id, at)
+        payload = json.dumps(
+            [shapes, flat, [part for release in releases for part in release]],
+            separators=(",", ":"),
+        )
+        args: list[str | int] = [self._prefix, repr(float(ttl)), "1" if check else "0", payload]
         future: asyncio.Future[list[bytes | str]] = asyncio.get_running_loop().create_future()
         self._queued.append((args, future))
         if self._sender is None:
             self._sender = asyncio.create_task(self._send_claims())
-        with _unavailable(f"claim on {where}"):
+        try:
             refused = await future
+        except (RedisConnectionError, RedisTimeoutError, TimeoutError):
+            # Named only on failure: a copy object's claim names every cluster.
+            where = ", ".join(sorted({one.cluster for one in claims} | {c for c, _ in releases}))
+            with _unavailable(f"claim on {where}"):
+                raise
         return {_text(name) for name in refused}
 
     async def _send_claims(self) -> None:

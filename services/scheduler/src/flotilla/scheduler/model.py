@@ -39,12 +39,14 @@ have ``redis`` in its import graph (the import-linter contract follows imports u
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import json
+import operator
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from flotilla.common import api, labels
 from flotilla.common.api import GroupVersionKind, PlacementState, Strategy
@@ -262,20 +264,33 @@ class ClusterView:
 
     def with_capacity(self, record: CapacityRecord | None) -> ClusterView:
         """The same cluster with another capacity record (what `Fleet.patch` does per
-        patched cluster, once per decision; positional, a third of
-        ``dataclasses.replace``'s cost)."""
-        return ClusterView(
-            self.name,
-            self.labels,
-            self.taints,
-            self.unschedulable,
-            self.ready,
-            self.not_ready_reason,
-            self.api_resources,
-            record,
-            self.placements,
-            self.name_hash,
-        )
+        patched cluster, once per decision: a copy object's claim patches most of the
+        fleet).
+
+        Filled in as a `_ViewDraft` (the same slots, not frozen: plain attribute
+        stores) that then becomes a `ClusterView`, a quarter of the frozen
+        constructor's cost (its ``__init__`` calls ``object.__setattr__`` per
+        field). The view has no ``__post_init__`` to skip; a test holds the result
+        equal to ``dataclasses.replace`` of every field."""
+        view: Any = _new_object(_ViewDraft)
+        view.name = self.name
+        view.labels = self.labels
+        view.taints = self.taints
+        view.unschedulable = self.unschedulable
+        view.ready = self.ready
+        view.not_ready_reason = self.not_ready_reason
+        view.api_resources = self.api_resources
+        view.capacity = record
+        view.placements = self.placements
+        view.name_hash = self.name_hash
+        _set_attribute(view, "__class__", ClusterView)
+        return cast(ClusterView, view)
+
+
+_ViewDraft = type("_ViewDraft", (), {"__slots__": ClusterView.__slots__})
+"""`ClusterView`'s layout without its frozen ``__setattr__`` (see `with_capacity`)."""
+_new_object = object.__new__
+_set_attribute = object.__setattr__
 
 
 def _shape(requests: Mapping[str, int]) -> dict[str, int]:
@@ -442,8 +457,7 @@ class Fleet:
                 self._cluster_digest[name] + b"\x1e" + figures.digest(),
             )
             self._base[name] = base
-        reserved = repr(sorted(record.reserved.items())).encode()
-        return hashlib.sha256(base[4] + reserved).digest()
+        return hashlib.sha256(base[4] + _reserved_text(record.reserved).encode()).digest()
 
     def _fingerprint(self) -> str:
         return hashlib.sha256(b"".join(self._parts.values())).hexdigest()
@@ -458,22 +472,26 @@ class Fleet:
         Names that are not clusters of this fleet are ignored: the cluster set and
         the cluster objects are fixed for a fleet's lifetime (build a new one when
         they change)."""
-        changed = [name for name in records if name in self._cluster_by_name]
+        clusters = self._cluster_by_name
+        changed = [name for name in records if name in clusters]
         if not changed:
             return
-        self.epoch += 1
+        self.epoch = epoch = self.epoch + 1
         self._stale_since.clear()
         views = list(self.views)
+        # Names bound once: a copy object's claim patches most of the fleet.
+        own, parts, part = self.records, self._parts, self._part
+        by_name, position, changed_at = self.by_name, self._position, self._changed_at
         for name in changed:
             record = records[name]
             if record is None:
-                self.records.pop(name, None)
+                own.pop(name, None)
             else:
-                self.records[name] = record
-            self._parts[name] = self._part(name, record)
-            view = self.by_name[name].with_capacity(record)
-            views[self._position[name]] = self.by_name[name] = view
-            self._changed_at[name] = self.epoch
+                own[name] = record
+            parts[name] = part(name, record)
+            view = by_name[name].with_capacity(record)
+            views[position[name]] = by_name[name] = view
+            changed_at[name] = epoch
         self.views = tuple(views)
         self.fingerprint = self._fingerprint()
         self._recent.append(changed)
@@ -494,12 +512,17 @@ class Fleet:
     def _patched_since(self, epoch: int, behind: int) -> list[ClusterView]:
         """`_stale` computed: the views of the clusters the last `behind` patches changed."""
         if behind <= len(self._recent):
-            # A memo a few patches old: the names those patches touched, not a pass
-            # over the whole fleet.
-            names = {name for patch in self._recent[-behind:] for name in patch}
-            return [self.by_name[name] for name in sorted(names)]
-        names = {name for name, at in self._changed_at.items() if at > epoch}
-        return [v for v in self.views if v.name in names]
+            patches = self._recent[-behind:]
+            if sum(map(len, patches)) < len(self.views) // 4:
+                # A memo a few small patches old: the names those patches touched,
+                # not a pass over the whole fleet.
+                names = set().union(*patches)
+                return [self.by_name[name] for name in sorted(names)]
+        # Many names (a copy object's claim patches most of the fleet, and a memo
+        # behind one or more of those would union them all): one pass over the
+        # fleet, already in name order.
+        changed_at = self._changed_at
+        return [v for v in self.views if changed_at.get(v.name, 0) > epoch]
 
     def verdicts(
         self,
@@ -742,6 +765,36 @@ def _bounded(memo: dict[K, V]) -> dict[K, V]:
     if len(memo) >= MEMO_LIMIT:
         memo.clear()
     return memo
+
+
+_ReservedForm = tuple[str, Callable[[Mapping[str, int]], tuple[int, ...]]]
+_RESERVED_FORMS: dict[tuple[str, ...], _ReservedForm] = {}
+"""Reserved totals' resource names in the order a record holds them → the text of
+`_reserved_text` with a ``%r`` per amount, and what takes the amounts out in
+sorted order (few distinct sets of names: one or two per request shape)."""
+
+
+def _reserved_text(reserved: Mapping[str, int]) -> str:
+    """``repr(sorted(reserved.items()))``, what a fingerprint part hashes of a
+    record's reservations, from a template per set of names: a third of repr's cost
+    (its recursion guard per list and tuple, a repr per name). `Fleet.patch` makes
+    it for every patched cluster, and a copy object's claim patches most of them."""
+    names = tuple(reserved)
+    form = _RESERVED_FORMS.get(names)
+    if form is None:
+        order = sorted(names)
+        template = ", ".join(f"({repr(name).replace('%', '%%')}, %r)" for name in order)
+        amounts: Callable[[Mapping[str, int]], tuple[int, ...]]
+        if len(order) > 1:
+            amounts = operator.itemgetter(*order)
+        else:
+            amounts = functools.partial(_amounts, tuple(order))
+        form = _bounded(_RESERVED_FORMS)[names] = (f"[{template}]", amounts)
+    return form[0] % form[1](reserved)
+
+
+def _amounts(order: tuple[str, ...], reserved: Mapping[str, int]) -> tuple[int, ...]:
+    return tuple(reserved[name] for name in order)
 
 
 _SORTED_JSON = json.JSONEncoder(sort_keys=True)

@@ -135,11 +135,15 @@ class ReadModel:
             record = records.get(name)
             if record is None or not delta:
                 continue
-            totals = dict(record.reserved)
+            totals = record.reserved.copy()
             for resource, amount in delta.items():
                 totals[resource] = totals.get(resource, 0) + amount
-            reserved = {r: amount for r, amount in sorted(totals.items()) if amount > 0}
-            changed[name] = records[name] = with_reserved(record, reserved)
+            # In no particular order: whatever reads the totals (the fleet's
+            # fingerprint, record equality) does not depend on it. Usually every
+            # total is positive and there is nothing to leave out.
+            if min(totals.values()) <= 0:
+                totals = {r: amount for r, amount in totals.items() if amount > 0}
+            changed[name] = records[name] = with_reserved(record, totals)
         fleet.patch(changed)
 
     def settled(self, plan: Plan, *, applied: bool) -> None:
@@ -156,17 +160,21 @@ def with_reserved(record: ClusterCapacity, reserved: dict[str, int]) -> ClusterC
     """`record` with other reserved totals: ``model_copy(update={"reserved": …})``
     without its generic copying (a third of the cost). A copy ``DaemonSet`` claims on
     every cluster, so one decision patches a hundred records."""
-    new = ClusterCapacity.__new__(ClusterCapacity)
-    fields = dict(record.__dict__)
+    new = _new_record(ClusterCapacity)
+    fields = record.__dict__.copy()
     fields["reserved"] = reserved
-    object.__setattr__(new, "__dict__", fields)
+    _set(new, "__dict__", fields)
     fields_set = record.__pydantic_fields_set__
     if "reserved" not in fields_set:
         fields_set = fields_set | {"reserved"}
-    object.__setattr__(new, "__pydantic_fields_set__", fields_set)  # never changed: shared
-    object.__setattr__(new, "__pydantic_extra__", None)
-    object.__setattr__(new, "__pydantic_private__", None)
+    _set(new, "__pydantic_fields_set__", fields_set)  # never changed: shared
+    _set(new, "__pydantic_extra__", None)
+    _set(new, "__pydantic_private__", None)
     return new
+
+
+_new_record = ClusterCapacity.__new__
+_set = object.__setattr__
 
 
 class SyncPoint(Generic[T]):
