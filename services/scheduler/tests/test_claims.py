@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flotilla.common import capacity
 from flotilla.common.api import PlacementState
-from flotilla.common.capacity import Claim
 from flotilla.common.events import ClusterPlacement
 from flotilla.scheduler import claims
-from flotilla.scheduler.claims import _claim
 
 from .builders import make_deployment
 
@@ -72,12 +67,3 @@ def test_delta_is_what_the_claims_add_less_what_was_held(
         change = {r: new.get(r, 0) - old.get(r, 0) for r in new.keys() | old.keys()}
         assert plan.delta[cluster] == {r: n for r, n in change.items() if n}
     assert len({id(d) for d in plan.delta.values()}) == len(plan.delta)
-
-
-def test_a_claim_made_for_a_plan_is_an_ordinary_frozen_claim() -> None:
-    made = _claim("a", "ns/web", {"cpu": 100}, 2)
-    assert made == Claim("a", "ns/web", {"cpu": 100}, 2)
-    assert type(made) is Claim
-    assert {f.name for f in dataclasses.fields(Claim)} == set(Claim.__slots__)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        made.replicas = 3  # type: ignore[misc]

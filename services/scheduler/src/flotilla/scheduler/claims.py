@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
 
 from flotilla.common import capacity
 from flotilla.common.api import PlacementState
@@ -112,25 +111,6 @@ def _total(claims: Iterable[Claim], known: dict[tuple[int, int], Requests]) -> R
     return total
 
 
-def _claim(cluster: str, reservation_id: str, per_replica: Requests, replicas: int) -> Claim:
-    """``Claim(cluster, reservation_id, per_replica, replicas)`` filled in as a
-    non-frozen draft of its slots that then becomes a `Claim`, as
-    `model.ClusterView.with_capacity` does: a third of the frozen constructor's cost
-    (``object.__setattr__`` per field), and a copy object makes one per cluster."""
-    claim: Any = _new_object(_ClaimDraft)
-    claim.cluster = cluster
-    claim.reservation_id = reservation_id
-    claim.per_replica = per_replica
-    claim.replicas = replicas
-    _set_attribute(claim, "__class__", Claim)
-    return cast(Claim, claim)
-
-
-_ClaimDraft = type("_ClaimDraft", (), {"__slots__": Claim.__slots__})
-_new_object = object.__new__
-_set_attribute = object.__setattr__
-
-
 def _by_cluster(claims: Iterable[Claim]) -> dict[str, list[Claim]]:
     grouped: dict[str, list[Claim]] = {}
     for claim in claims:
@@ -173,7 +153,7 @@ def plan(
         if replicas is None:
             replicas = 1
         if replicas > 0:
-            claims.append(_claim(cluster, key, requests, replicas))
+            claims.append(Claim(cluster, key, requests, replicas))
     kept = {p.cluster for p in chosen}
     left = list(dict.fromkeys(p.cluster for p in previous if p.cluster not in kept))
     releases = [(cluster, rid) for cluster in left for rid in reservation_ids(key, analyzed)]
