@@ -924,8 +924,8 @@ def test_digest_is_the_hash_of_the_input_as_one_sorted_json_list(
 
 
 def test_a_view_with_another_record_keeps_every_other_field() -> None:
-    """`ClusterView.with_capacity` fills a draft of the view's slots field by field:
-    every field comes along, and what it gives is an ordinary frozen view."""
+    """`ClusterView.with_capacity` copies slot by slot: a field added to the view
+    must come along without touching it."""
     built = fleet(make_cluster("a").with_labels(region="eu").with_room(cpu="2").with_taint("gpu"))
     view = built.by_name["a"]
     record = make_cluster("a").with_room(cpu="1").record()
@@ -933,10 +933,6 @@ def test_a_view_with_another_record_keeps_every_other_field() -> None:
     assert patched == dataclasses.replace(view, capacity=record)
     assert patched.capacity is record and view.capacity is not record
     assert view.with_capacity(None) == dataclasses.replace(view, capacity=None)
-    assert type(patched) is ClusterView
-    assert {f.name for f in dataclasses.fields(ClusterView)} == set(ClusterView.__slots__)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        patched.capacity = None  # type: ignore[misc]
 
 
 @given(st.lists(st.dictionaries(st.text(max_size=6), st.integers(), max_size=5), max_size=4))
