@@ -32,6 +32,7 @@ import dataclasses
 import hashlib
 from collections import Counter
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from operator import itemgetter
 
 from flotilla.common import api
 from flotilla.common.api import GroupVersionKind, PlacementState, Strategy
@@ -278,23 +279,27 @@ def _finish(
     retire: bool = True,
 ) -> Decision:
     """The `Decision`; `mark` is the `Fleet.rejections_mark` of `rejections`."""
-    entry = inp.fleet.placement
-    active = [entry(name, n, PlacementState.ACTIVE) for name, n in placements]
+    fleet = inp.fleet
+    found = fleet.active_entries(placements)
+    active = list(map(_ENTRY, found))
+    lines = list(map(_LINE, found))
     retiring = []
     if retire and not deleted and inp.previous:
-        known = inp.fleet.by_name
+        known = fleet.by_name
         seen = {name for name, _ in placements}
         for previous in inp.previous:
             if previous.cluster in seen or previous.cluster not in known:
                 continue
             seen.add(previous.cluster)
-            retiring.append(entry(previous.cluster, previous.replicas, PlacementState.RETIRING))
+            entry = fleet.placement(previous.cluster, previous.replicas, PlacementState.RETIRING)
+            retiring.append(entry)
+            lines.append(fleet.placement_line(entry))
     clusters = (*active, *retiring)
     schedulable = schedulable and (bool(active) or strategy is Strategy.AS_NEEDED or deleted)
     return Decision(
         ref=inp.analyzed.ref,
-        decision_id=decision_id(
-            inp, strategy, clusters, reason, len(rejections), mark, schedulable, pending, deleted
+        decision_id=_decision_id(
+            inp, strategy, lines, reason, len(rejections), mark, schedulable, pending, deleted
         ),
         strategy=strategy,
         clusters=clusters,
@@ -325,7 +330,23 @@ def decision_id(
     The rejections are a function of the input, already in the digest; they are
     hashed as a sum memoised per filter memo rather than line by line, which cost
     time in proportion to the fleet on every decision."""
-    line = inp.fleet.placement_line
+    lines = list(map(inp.fleet.placement_line, clusters))
+    return _decision_id(inp, strategy, lines, reason, rejected, mark, schedulable, pending, deleted)
+
+
+def _decision_id(
+    inp: SchedulingInput,
+    strategy: Strategy,
+    lines: list[str],
+    reason: str,
+    rejected: int,
+    mark: int,
+    schedulable: bool,
+    pending: int,
+    deleted: bool,
+) -> str:
+    """`decision_id` given the placement lines (in any order: sorted here)."""
+    lines.sort()
     result = "\x1f".join(
         [
             strategy.value,
@@ -333,11 +354,15 @@ def decision_id(
             str(schedulable),
             str(pending),
             str(deleted),
-            *sorted([line(p) for p in clusters]),
+            *lines,
             f"{rejected}:{mark:x}",
         ]
     )
     return hashlib.sha256(f"{inp.digest()}\x1e{result}".encode()).hexdigest()[:32]
+
+
+_ENTRY = itemgetter(0)
+_LINE = itemgetter(1)
 
 
 def release_retiring(decided: PlacementDecided, released: Collection[str]) -> PlacementDecided:

@@ -605,6 +605,26 @@ class Fleet:
             _bounded(self._placement_lines)[key] = line
         return line
 
+    @functools.cached_property
+    def _active(self) -> dict[tuple[str, int | None], tuple[ClusterPlacement, str]]:
+        """(cluster, replicas) → its Active `placement` entry and `placement_line`."""
+        return {}
+
+    def active_entries(
+        self, placements: Sequence[tuple[str, int | None]]
+    ) -> list[tuple[ClusterPlacement, str]]:
+        """The Active `placement` entry and `placement_line` of each (cluster, replicas),
+        looked up in one C-level pass (a copy lands on most of the fleet: two method
+        calls per cluster were a tenth of its decision)."""
+        memo = self._active
+        found = list(map(memo.get, placements))
+        if None in found:
+            for i, pair in enumerate(placements):
+                if found[i] is None:
+                    entry = self.placement(pair[0], pair[1], PlacementState.ACTIVE)
+                    found[i] = _bounded(memo)[pair] = (entry, self.placement_line(entry))
+        return found  # type: ignore[return-value]  # (no None left)
+
     def policy_text(self, policy: api.PlacementPolicySpec | None) -> str | None:
         """The policy as canonical JSON, for decision ids (memoised per policy object).
 
