@@ -706,10 +706,14 @@ def test_the_rejections_mark_names_which_cluster_got_which_verdict() -> None:
         ]
     }
     assert len(marks) == 6
-    # In any order, from any verdict objects with the same lines: the same mark.
+    # In any order, from any verdict objects with the same lines: the same mark (one
+    # verdict object for every cluster is summed the short way).
     same = Verdict(Code.UNSCHEDULABLE, "cordon", "cordoned")
     assert patched.rejections_mark({"b": taint, "a": same}) == patched.rejections_mark(
         {"a": cordon, "b": taint}
+    )
+    assert patched.rejections_mark({"a": cordon, "b": cordon}) == patched.rejections_mark(
+        {"a": cordon, "b": same}
     )
 
 

@@ -46,7 +46,8 @@ import json
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from operator import attrgetter, mul
+from itertools import repeat
+from operator import attrgetter, is_, mul
 from typing import Any, Generic, Protocol, TypeVar
 
 from flotilla.common import api, labels
@@ -782,7 +783,12 @@ class Fleet:
         in the decision id through `SchedulingInput.digest` anyway: this share is
         there so that the id also names the result."""
         names = self._name_marks
-        return sum(map(mul, map(names.__getitem__, rejections), map(_MARK, rejections.values())))
+        verdicts = list(rejections.values())
+        if verdicts and all(map(is_, verdicts, repeat(verdicts[0]))):
+            # One verdict for all (a strategy's "ranked below the chosen ones", a
+            # selector's): its mark times the names' sum, one multiplication.
+            return verdicts[0].mark * sum(map(names.__getitem__, rejections))
+        return sum(map(mul, map(names.__getitem__, rejections), map(_MARK, verdicts)))
 
     def verdicts_mark(self, key: Hashable, rejections: Rejections) -> int:
         """`rejections_mark` of the rejections `verdicts(key, ...)` has just returned,
