@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress, islice, repeat
-from operator import add, attrgetter, eq, mul, sub, truediv
+from operator import add, attrgetter, eq, mul
 
 from flotilla.scheduler.model import UNBOUNDED, ClusterView, Context, Registry
 
@@ -48,10 +48,9 @@ _NAME = attrgetter("name")
 _PLACEMENTS = attrgetter("placements")
 
 # The scores and `totals` run once per decision over every candidate: their
-# per-candidate arithmetic is written as ``map`` over `operator` functions, one C
-# loop each instead of a Python-level comprehension, computing the same floats in
-# the same order (``MAX - MAX * n / busiest`` is ``sub(MAX, truediv(mul(MAX, n),
-# busiest))``).
+# per-candidate arithmetic is written as ``map`` over `operator` functions (or
+# lookups in a per-fleet memo), one C loop each instead of a Python-level
+# comprehension, computing the same floats in the same order.
 
 
 def score(name: str, weight: int) -> Callable[[ScoreFn], ScoreFn]:
@@ -111,13 +110,18 @@ def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Sequence[float]
 
 @score("balance", weight=1)
 def balance(ctx: Context, candidates: Sequence[ClusterView]) -> Sequence[float] | None:
-    placements = list(map(_PLACEMENTS, candidates))
-    busiest = max(placements)
+    busiest = max(map(_PLACEMENTS, candidates))
     if busiest == 0:
         return None
-    return list(
-        map(sub, repeat(MAX), map(truediv, map(mul, repeat(MAX), placements), repeat(busiest)))
-    )
+    # Placements are the clusters' own (not capacity): every cluster's score relative
+    # to one busiest count is computed once per fleet, and candidates look it up.
+    memo = ctx.fleet.memo
+    scored = memo.get(("balance", busiest))
+    if scored is None:
+        scored = memo[("balance", busiest)] = {
+            v.name: MAX - MAX * v.placements / busiest for v in ctx.fleet.views
+        }
+    return list(map(scored.__getitem__, map(_NAME, candidates)))
 
 
 def totals(ctx: Context, candidates: Sequence[ClusterView]) -> list[float]:
