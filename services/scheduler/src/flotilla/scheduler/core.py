@@ -242,8 +242,12 @@ def schedule(inp: SchedulingInput) -> Decision:
     ranked = scores.rank(ctx, candidates)
     outcome = strategies.STRATEGIES[strategy.value](ctx, ranked)
     if outcome.rejections:
-        # A strategy turns down only candidates, which no filter rejected: its
-        # verdicts add to the rejections (and their mark) without replacing any.
+        # A strategy turns down candidates, which no filter rejected: its verdicts
+        # add to the rejections (and their mark), replacing none (were one to, its
+        # filter verdict's term is taken out first).
+        if not rejections.keys().isdisjoint(outcome.rejections):
+            replaced = {n: rejections[n] for n in outcome.rejections if n in rejections}
+            mark -= inp.fleet.rejections_mark(replaced)
         rejections.update(outcome.rejections)
         mark += inp.fleet.rejections_mark(outcome.rejections)
     reason = outcome.reason or unschedulable_reason(rejections, len(ctx.fleet.views))
@@ -323,9 +327,9 @@ def decision_id(
     deleted: bool,
 ) -> str:
     """sha256 of the input's digest (`SchedulingInput.digest`) and the decision's
-    content: the strategy, reason and flags, the placement lines (sorted: the same placement
-    listed in another score order is the same), and the rejections as their count
-    and `Fleet.rejections_mark` (`rejected`, `mark`), 32 hex digits.
+    content: the strategy, reason and flags, the placement lines (sorted: the same
+    placement listed in another score order is the same), and the rejections as
+    their count and `Fleet.rejections_mark` (`rejected`, `mark`); 32 hex digits.
 
     The rejections are a function of the input, already in the digest; they are
     hashed as a sum memoised per filter memo rather than line by line, which cost

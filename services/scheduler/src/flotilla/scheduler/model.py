@@ -164,6 +164,11 @@ def aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
+MARK_BITS = 28
+"""Bits of a cluster's and a verdict's mark (`Fleet.rejections_mark`): their product
+stays one machine word and a fleet's sum of them one C long for ``sum``, where
+64-bit marks made every term a multi-digit multiplication."""
+
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 """2**64 / golden ratio: the usual odd multiplier of multiplicative hashing."""
@@ -207,8 +212,8 @@ class Verdict:
     line: str = field(init=False, repr=False, compare=False)
     """``code:unit:reason`` (built once per verdict)."""
     mark: int = field(init=False, repr=False, compare=False)
-    """`hash64` of `line`, made odd: what the decision id hashes of this verdict, times
-    the rejected cluster's own mark (`Fleet.rejections_mark`)."""
+    """`MARK_BITS` of `hash64` of `line`, made odd: what the decision id hashes of this
+    verdict, times the rejected cluster's own mark (`Fleet.rejections_mark`)."""
     text: str = field(init=False, repr=False, compare=False)
     """``unit: reason``, what the event shows (built once: one verdict object is
     shared by every cluster it rejects, and by every decision of a memoised filter)."""
@@ -216,7 +221,7 @@ class Verdict:
     def __post_init__(self) -> None:
         line = f"{self.code}:{self.unit}:{self.reason}"
         object.__setattr__(self, "line", line)
-        object.__setattr__(self, "mark", hash64(line) | 1)
+        object.__setattr__(self, "mark", hash64(line) >> (64 - MARK_BITS) | 1)
         object.__setattr__(self, "text", f"{self.unit}: {self.reason}")
 
     def __str__(self) -> str:
@@ -761,9 +766,9 @@ class Fleet:
 
     @functools.cached_property
     def _name_marks(self) -> dict[str, int]:
-        """Cluster → its mark in `rejections_mark`: its name hash, made odd (the
-        cluster set is fixed for a fleet's lifetime, so this is built once)."""
-        return {v.name: v.name_hash | 1 for v in self.views}
+        """Cluster → its mark in `rejections_mark`: `MARK_BITS` of its name hash, made
+        odd (the cluster set is fixed for a fleet's lifetime: built once)."""
+        return {v.name: v.name_hash >> (64 - MARK_BITS) | 1 for v in self.views}
 
     @functools.cached_property
     def _marks(self) -> dict[Hashable, tuple[int, Rejections, int]]:
@@ -779,7 +784,7 @@ class Fleet:
         memoised verdicts' share is summed once per memo (`verdicts_mark`) and a
         decision adds or takes away only its own (holders, per-decision filters, the
         strategy's). Swapping two clusters' verdicts changes it (the marks are odd
-        64-bit numbers, their products distinct), and any difference in the input is
+        numbers, their products distinct), and any difference in the input is
         in the decision id through `SchedulingInput.digest` anyway: this share is
         there so that the id also names the result."""
         names = self._name_marks
