@@ -18,6 +18,7 @@ from flotilla.common.api import STRATEGY_ANNOTATION, PlacementState, Strategy
 from flotilla.common.events import ClusterPlacement, PlacementDecided
 from flotilla.scheduler.core import (
     context,
+    decision_id,
     effective_strategy,
     release_retiring,
     run_filters,
@@ -636,6 +637,87 @@ def test_patched_fleet_decides_like_a_fresh_one(
         assert list(warm.rejections) == list(cold.rejections)
 
 
+def id_from_scratch(inp: SchedulingInput, decision: Decision) -> str:
+    """The decision id of `decision` with its rejections' mark summed afresh."""
+    return decision_id(
+        inp,
+        decision.strategy,
+        decision.clusters,
+        decision.reason,
+        len(decision.rejections),
+        inp.fleet.rejections_mark(decision.rejections),
+        decision.schedulable,
+        decision.pending,
+        decision.deleted,
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(**PATCHED_FLEET_CASES, patches=patch_lists(4))
+def test_the_memoised_rejections_mark_is_the_sum_of_the_decisions_rejections(
+    clusters: list[ClusterBuilder],
+    policy: PolicyBuilder | None,
+    replicas: int,
+    held: list[tuple[int, int]],
+    patches: list[list[tuple[int, int | None]]],
+) -> None:
+    """The mark a decision id hashes (the filter memo's share kept up to date through
+    patches, the holders', the per-decision filters' and the strategy's added) is the
+    mark of the decision's rejections summed from scratch."""
+    objects = [
+        make_deployment(replicas=replicas).with_requests(cpu="500m"),
+        make_deployment(replicas=replicas).with_requests(cpu="500m").with_uid("pinned"),
+        make_daemonset(),
+        make_pod().with_requests(cpu="1"),
+    ]
+    previous = placed(*{f"c{i}": n for i, n in held}.items())
+    # A dozen cordoned clusters more: a patch then changes a few of many rejections,
+    # which the memo updates term by term rather than summing again.
+    patched = fleet(*clusters, *[make_cluster(f"x{i:02d}").cordoned() for i in range(12)])
+    for patch in [[], *patches]:
+        patched.patch(patch_records(clusters, patch))
+        for obj in objects:
+            pinned = obj.uid == "pinned"  # per-decision filters reject some clusters
+            inp = make_input(
+                obj,
+                patched,
+                policy=policy,
+                previous=previous,
+                dependencies={"v1/ConfigMap/default/x": ["c1", "c2"]} if pinned else {},
+                avoid={"c3"} if pinned else (),
+            )
+            decision = schedule(inp)
+            assert decision.decision_id == id_from_scratch(inp, decision)
+
+
+def test_the_rejections_mark_names_which_cluster_got_which_verdict() -> None:
+    """Two clusters' verdicts swapped, one rejection more or less: another mark."""
+    patched = fleet(make_cluster("a"), make_cluster("b"), make_cluster("c"))
+    cordon = Verdict(Code.UNSCHEDULABLE, "cordon", "cordoned")
+    taint = Verdict(Code.UNSCHEDULABLE, "taints", "tainted")
+    marks = {
+        patched.rejections_mark(rejections)
+        for rejections in [
+            {},
+            {"a": cordon},
+            {"a": cordon, "b": taint},
+            {"a": taint, "b": cordon},
+            {"a": cordon, "b": cordon},
+            {"a": cordon, "b": taint, "c": taint},
+        ]
+    }
+    assert len(marks) == 6
+    # In any order, from any verdict objects with the same lines: the same mark (one
+    # verdict object for every cluster is summed the short way).
+    same = Verdict(Code.UNSCHEDULABLE, "cordon", "cordoned")
+    assert patched.rejections_mark({"b": taint, "a": same}) == patched.rejections_mark(
+        {"a": cordon, "b": taint}
+    )
+    assert patched.rejections_mark({"a": cordon, "b": cordon}) == patched.rejections_mark(
+        {"a": cordon, "b": same}
+    )
+
+
 def test_rejections_are_sent_once_per_reason() -> None:
     """Twenty clusters turned down for the same taint are one reason with twenty
     names on the event, not twenty copies of the line."""
@@ -879,14 +961,16 @@ def test_memos_filled_together_and_read_after_different_patches_see_every_patch(
     ),
     avoid=st.sets(st.sampled_from(["a", "b", "c"]), max_size=2),
 )
-def test_digest_is_the_hash_of_the_input_as_one_sorted_json_list(
+def test_digest_is_the_hash_of_the_input_parts(
     policy: PolicyBuilder | None,
     held: list[tuple[str, int]],
     pins: dict[str, list[str]],
     avoid: set[str],
 ) -> None:
-    """`SchedulingInput.digest` writes its JSON item by item (the policy escaped once
-    per policy): the bytes are those of one ``json.dumps(..., sort_keys=True)``."""
+    """`SchedulingInput.digest` is sha256 of the input's parts joined by ``\\x1e``:
+    the object's facts, the policy's JSON (escaped once per policy), the fleet's
+    fingerprint, the previous placement, the pins, ``now`` and the clusters to avoid;
+    the object's facts and the lists as their ``repr`` (an empty list as ``()``)."""
     inp = make_input(
         make_deployment(replicas=3).with_requests(cpu="500m"),
         [make_cluster("a"), make_cluster("b")],
@@ -897,28 +981,30 @@ def test_digest_is_the_hash_of_the_input_as_one_sorted_json_list(
     )
     analyzed = inp.analyzed
     metadata = analyzed.object.get("metadata") or {}
-    obj = {
-        "ref": analyzed.ref.key,
-        "uid": metadata.get("uid"),
-        "generation": metadata.get("generation"),
-        "resourceVersion": metadata.get("resourceVersion"),
-        "annotation": (metadata.get("annotations") or {}).get(STRATEGY_ANNOTATION),
-        "deleted": analyzed.deleted,
-        "strategy": analyzed.strategy.value,
-        "replicas": analyzed.replicas,
-        "requests": sorted(analyzed.requests.items()),
-        "components": [],
-    }
+    facts = (
+        analyzed.ref.key,
+        metadata.get("uid"),
+        metadata.get("generation"),
+        metadata.get("resourceVersion"),
+        (metadata.get("annotations") or {}).get(STRATEGY_ANNOTATION),
+        analyzed.deleted,
+        analyzed.strategy.value,
+        analyzed.replicas,
+        sorted(analyzed.requests.items()),
+        (),
+    )
+    previous = [(p.cluster, p.replicas, p.state.value) for p in inp.previous]
+    pinned = sorted((k, sorted(v)) for k, v in inp.dependency_placements.items())
     parts = [
-        obj,
-        inp.fleet.policy_text(inp.policy),
+        repr(facts),
+        json.dumps(inp.fleet.policy_text(inp.policy)),
         inp.fleet.fingerprint,
-        [[p.cluster, p.replicas, p.state.value] for p in inp.previous],
-        sorted((k, sorted(v)) for k, v in inp.dependency_placements.items()),
+        repr(previous) if previous else "()",
+        repr(pinned) if pinned else "()",
         inp.now.isoformat(),
-        sorted(inp.avoid_clusters),
+        repr(sorted(inp.avoid_clusters)) if inp.avoid_clusters else "()",
     ]
-    expected = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    expected = hashlib.sha256("\x1e".join(parts).encode()).hexdigest()
     assert inp.digest() == expected
     assert inp.digest() == expected  # the policy's JSON from the memo
 

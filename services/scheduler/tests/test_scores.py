@@ -121,6 +121,30 @@ def test_balance(placements: tuple[int, int], expected: dict[str, float] | None)
     assert got == (pytest.approx(expected) if expected is not None else None)
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    placements=st.lists(st.integers(0, 600), min_size=1, max_size=9),
+    subsets=st.lists(st.sets(st.integers(0, 8)), min_size=1, max_size=4),
+)
+def test_balance_from_the_fleet_memo_is_computed_afresh(
+    placements: list[int], subsets: list[set[int]]
+) -> None:
+    """Balance over any subset of the fleet (the memo per busiest count is shared by
+    the subsets with the same one) gives the floats computed per candidate."""
+    clusters = [make_cluster(f"c{i}").with_placements(n) for i, n in enumerate(placements)]
+    ctx, views = ctx_for(make_deployment(), clusters)
+    for subset in subsets:
+        candidates = [v for i, v in enumerate(views) if i in subset] or list(views)
+        busiest = max(v.placements for v in candidates)
+        expected = (
+            None
+            if busiest == 0
+            else [scores.MAX - scores.MAX * v.placements / busiest for v in candidates]
+        )
+        assert scores.balance(ctx, candidates) == expected
+        assert scores.balance(ctx, candidates) == expected  # from the memo
+
+
 def test_stability_outweighs_everything_else() -> None:
     clusters = [
         make_cluster("busy").with_room(1, cpu="1").with_placements(100),

@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flotilla.scheduler import core, scores, strategies
-from flotilla.scheduler.model import SchedulingInput
+from flotilla.scheduler.model import (
+    ClusterView,
+    Code,
+    Context,
+    Rejections,
+    SchedulingInput,
+    Verdict,
+)
 
 from .builders import (
     ClusterBuilder,
@@ -113,6 +120,26 @@ def test_apportion_in_bulk_equals_one_seat_at_a_time(
     assert strategies.apportion(*case) == one_at_a_time(*case)
 
 
+@st.composite
+def few_seats(draw: st.DrawFn) -> tuple[int, list[int], list[int], list[int]]:
+    """Many clusters, a few seats to hand out (`apportion`'s `_first_in_line` path):
+    weights often equal, some clusters full or without a weight."""
+    n = draw(st.integers(min_value=1, max_value=40))
+    weights = draw(st.lists(st.sampled_from([0, 1, 2, 3, 5, 8, 100]), min_size=n, max_size=n))
+    caps = draw(st.lists(st.sampled_from([0, 1, 2, 3, 40]), min_size=n, max_size=n))
+    start = [draw(st.integers(min_value=0, max_value=min(cap, 2))) for cap in caps]
+    total = sum(start) + draw(st.integers(min_value=1, max_value=strategies.BULK_AFTER))
+    return total, weights, caps, start
+
+
+@settings(max_examples=300, deadline=None)
+@given(few_seats())
+def test_apportion_of_a_few_seats_equals_one_seat_at_a_time(
+    case: tuple[int, list[int], list[int], list[int]],
+) -> None:
+    assert strategies.apportion(*case) == one_at_a_time(*case)
+
+
 def test_apportion_of_an_absurd_count_is_immediate() -> None:
     """10,000,000 replicas over 1,000 clusters: O(clusters), not O(replicas)."""
     weights = list(range(1, 1001))
@@ -198,6 +225,82 @@ def test_select(case: SelectCase) -> None:
         assert all(v.unit == "spread" for v in outcome.rejections.values())
     for unit, count in case.rejected_by.items():
         assert sum(v.unit == unit for v in outcome.rejections.values()) == count
+
+
+def select_one_by_one(
+    ctx: Context, ranked: Sequence[ClusterView], limit: int | None, one: bool
+) -> strategies.Selection:
+    """`strategies.select` with a spread, as a loop grouping cluster by cluster (what
+    it was before it worked on positions with C-level passes)."""
+    spread = ctx.spread
+    assert spread is not None
+    key = spread.label_key
+    rejections: Rejections = {}
+    groups: dict[str, list[ClusterView]] = {}
+    missing = Verdict(Code.UNRESOLVABLE, "spread", f"no {key} label to spread by")
+    for cluster in ranked:
+        value = cluster.labels.get(key)
+        if value is None:
+            rejections[cluster.name] = missing
+        else:
+            groups.setdefault(value, []).append(cluster)
+    if len(groups) < spread.min_groups or (limit is not None and limit < spread.min_groups):
+        return strategies.Selection([], rejections, "problem")
+    names = list(groups)
+    used = names[: spread.max_groups] if spread.max_groups is not None else names
+    for value in names[len(used) :]:
+        verdict = Verdict(
+            Code.UNSCHEDULABLE,
+            "spread",
+            f"group {key}={value} not among the best {spread.max_groups} (maxGroups)",
+        )
+        for cluster in groups[value]:
+            rejections[cluster.name] = verdict
+    position = {c.name: i for i, c in enumerate(ranked)}
+    leaders = [groups[value][0] for value in used]
+    others = sorted(
+        (c for value in used for c in groups[value][1:]), key=lambda c: position[c.name]
+    )
+    order = leaders + others
+    if limit is not None and len(order) > limit:
+        rejections.update(strategies._left_out(order[limit:], limit, one))
+        order = order[:limit]
+    order.sort(key=lambda c: position[c.name])
+    return strategies.Selection(order, rejections)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    labels=st.lists(st.sampled_from(["eu", "us", "ap", "", None]), min_size=1, max_size=14),
+    min_groups=st.integers(1, 4),
+    max_extra=st.one_of(st.none(), st.integers(0, 3)),
+    limit=st.one_of(st.none(), st.integers(1, 8)),
+    one=st.booleans(),
+)
+def test_select_with_spread_equals_grouping_one_by_one(
+    labels: list[str | None],
+    min_groups: int,
+    max_extra: int | None,
+    limit: int | None,
+    one: bool,
+) -> None:
+    """Same clusters chosen, same rejections in the same order, for any labels (some
+    clusters without one, an empty value being a value)."""
+    max_groups = None if max_extra is None else min_groups + max_extra
+    clusters = []
+    for i, label in enumerate(labels):
+        cluster = make_cluster(f"c{i:02d}").with_room(i % 5 + 1, cpu="1")
+        clusters.append(cluster if label is None else cluster.with_labels(zone=label))
+    policy = make_policy().spread("zone", min_groups=min_groups, max_groups=max_groups)
+    inp = make_input(make_deployment(replicas=3).with_requests(cpu="1"), clusters, policy=policy)
+    ctx = core.context(inp, core.effective_strategy(inp))
+    candidates, _ = core.run_filters(ctx)
+    ranked = scores.rank(ctx, candidates)
+    got = strategies.select(ctx, ranked, limit, one=one)
+    want = select_one_by_one(ctx, ranked, limit, one)
+    assert [c.name for c in got.chosen] == [c.name for c in want.chosen]
+    assert list(got.rejections.items()) == list(want.rejections.items())
+    assert bool(got.problem) == bool(want.problem)
 
 
 def test_spread_rejects_clusters_without_the_label() -> None:

@@ -32,10 +32,11 @@ import dataclasses
 import hashlib
 from collections import Counter
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from operator import itemgetter
 
 from flotilla.common import api
 from flotilla.common.api import GroupVersionKind, PlacementState, Strategy
-from flotilla.common.events import PlacementDecided
+from flotilla.common.events import ClusterPlacement, PlacementDecided
 from flotilla.scheduler import filters, scores, strategies
 from flotilla.scheduler.model import (
     ClusterView,
@@ -162,6 +163,13 @@ def run_filters(ctx: Context) -> tuple[list[ClusterView], Rejections]:
     with no cluster counted as holding the object; the clusters that do hold it
     are then checked on their own, and the per-decision filters run last.
     """
+    passing, rejections, _ = _run_filters(ctx)
+    return passing, rejections
+
+
+def _run_filters(ctx: Context) -> tuple[list[ClusterView], Rejections, int]:
+    """`run_filters`, and the `Fleet.rejections_mark` of its rejections: the memoised
+    verdicts' share from their memo, the rest added up here."""
     fleet = ctx.fleet
     plan = _filter_plan()
     memoised, per_decision, reads_capacity, first = (
@@ -180,19 +188,25 @@ def run_filters(ctx: Context) -> tuple[list[ClusterView], Rejections]:
         stands=lambda verdict: verdict.unit not in reads_capacity,
         again=lambda views: _chain(unheld, memoised[first:], views),
     )
+    mark = fleet.verdicts_mark(key, rejections)
     held = ctx.held
     if held:
         holders = [fleet.by_name[name] for name in sorted(held) if name in fleet.by_name]
         held_passing, held_rejections = _chain(ctx, memoised, holders)
         passing = [c for c in passing if c.name not in held]
         passing.extend(held_passing)
+        mark -= fleet.rejections_mark({n: rejections[n] for n in held if n in rejections})
+        mark += fleet.rejections_mark(held_rejections)
         rejections = {name: v for name, v in rejections.items() if name not in held}
         rejections.update(held_rejections)
     else:
         rejections = dict(rejections)
-    passing, late = _chain(ctx, per_decision, passing)
-    rejections.update(late)
-    return passing, rejections
+    if per_decision:
+        passing, late = _chain(ctx, per_decision, passing)
+        if late:
+            rejections.update(late)
+            mark += fleet.rejections_mark(late)
+    return passing, rejections, mark
 
 
 def unschedulable_reason(rejections: Rejections, clusters: int) -> str:
@@ -215,19 +229,27 @@ def schedule(inp: SchedulingInput) -> Decision:
         # is and say why nothing was decided.
         kept = [(p.cluster, p.replicas) for p in inp.previous if p.state is PlacementState.ACTIVE]
         reason = f"{error}; placement left unchanged"
-        return _finish(inp, analyzed.strategy, kept, reason, {}, schedulable=False)
+        return _finish(inp, analyzed.strategy, kept, reason, {}, 0, schedulable=False)
     if analyzed.deleted:
         return _finish(
-            inp, strategy, [], "object deleted; removed from every cluster", {}, deleted=True
+            inp, strategy, [], "object deleted; removed from every cluster", {}, 0, deleted=True
         )
     if strategy is Strategy.AS_NEEDED:
         outcome = strategies.STRATEGIES[strategy.value](context(inp, strategy), [])
-        return _finish(inp, strategy, [], outcome.reason, {}, retire=False)
+        return _finish(inp, strategy, [], outcome.reason, {}, 0, retire=False)
     ctx = context(inp, strategy)
-    candidates, rejections = run_filters(ctx)
+    candidates, rejections, mark = _run_filters(ctx)
     ranked = scores.rank(ctx, candidates)
     outcome = strategies.STRATEGIES[strategy.value](ctx, ranked)
-    rejections.update(outcome.rejections)
+    if outcome.rejections:
+        # A strategy turns down candidates, which no filter rejected: its verdicts
+        # add to the rejections (and their mark), replacing none (were one to, its
+        # filter verdict's term is taken out first).
+        if not rejections.keys().isdisjoint(outcome.rejections):
+            replaced = {n: rejections[n] for n in outcome.rejections if n in rejections}
+            mark -= inp.fleet.rejections_mark(replaced)
+        rejections.update(outcome.rejections)
+        mark += inp.fleet.rejections_mark(outcome.rejections)
     reason = outcome.reason or unschedulable_reason(rejections, len(ctx.fleet.views))
     return _finish(
         inp,
@@ -235,6 +257,7 @@ def schedule(inp: SchedulingInput) -> Decision:
         outcome.placements,
         reason,
         rejections,
+        mark,
         schedulable=outcome.schedulable,
         pending=outcome.pending,
     )
@@ -252,26 +275,82 @@ def _finish(
     placements: Sequence[tuple[str, int | None]],
     reason: str,
     rejections: Rejections,
+    mark: int,
     *,
     schedulable: bool = True,
     pending: int = 0,
     deleted: bool = False,
     retire: bool = True,
 ) -> Decision:
-    entry = inp.fleet.placement
-    active = [entry(name, n, PlacementState.ACTIVE) for name, n in placements]
-    chosen = {name for name, _ in placements}
+    """The `Decision`; `mark` is the `Fleet.rejections_mark` of `rejections`."""
+    fleet = inp.fleet
+    found = fleet.active_entries(placements)
+    active = list(map(_ENTRY, found))
+    lines = list(map(_LINE, found))
     retiring = []
-    if retire and not deleted:
-        known = inp.fleet.by_name
-        seen = set(chosen)
+    if retire and not deleted and inp.previous:
+        known = fleet.by_name
+        seen = {name for name, _ in placements}
         for previous in inp.previous:
             if previous.cluster in seen or previous.cluster not in known:
                 continue
             seen.add(previous.cluster)
-            retiring.append(entry(previous.cluster, previous.replicas, PlacementState.RETIRING))
+            entry = fleet.placement(previous.cluster, previous.replicas, PlacementState.RETIRING)
+            retiring.append(entry)
+            lines.append(fleet.placement_line(entry))
     clusters = (*active, *retiring)
-    line = inp.fleet.placement_line
+    schedulable = schedulable and (bool(active) or strategy is Strategy.AS_NEEDED or deleted)
+    return Decision(
+        ref=inp.analyzed.ref,
+        decision_id=_decision_id(
+            inp, strategy, lines, reason, len(rejections), mark, schedulable, pending, deleted
+        ),
+        strategy=strategy,
+        clusters=clusters,
+        reason=reason,
+        rejections=rejections,
+        schedulable=schedulable,
+        pending=pending,
+        deleted=deleted,
+    )
+
+
+def decision_id(
+    inp: SchedulingInput,
+    strategy: Strategy,
+    clusters: Sequence[ClusterPlacement],
+    reason: str,
+    rejected: int,
+    mark: int,
+    schedulable: bool,
+    pending: int,
+    deleted: bool,
+) -> str:
+    """sha256 of the input's digest (`SchedulingInput.digest`) and the decision's
+    content: the strategy, reason and flags, the placement lines (sorted: the same
+    placement listed in another score order is the same), and the rejections as
+    their count and `Fleet.rejections_mark` (`rejected`, `mark`); 32 hex digits.
+
+    The rejections are a function of the input, already in the digest; they are
+    hashed as a sum memoised per filter memo rather than line by line, which cost
+    time in proportion to the fleet on every decision."""
+    lines = list(map(inp.fleet.placement_line, clusters))
+    return _decision_id(inp, strategy, lines, reason, rejected, mark, schedulable, pending, deleted)
+
+
+def _decision_id(
+    inp: SchedulingInput,
+    strategy: Strategy,
+    lines: list[str],
+    reason: str,
+    rejected: int,
+    mark: int,
+    schedulable: bool,
+    pending: int,
+    deleted: bool,
+) -> str:
+    """`decision_id` given the placement lines (in any order: sorted here)."""
+    lines.sort()
     result = "\x1f".join(
         [
             strategy.value,
@@ -279,25 +358,15 @@ def _finish(
             str(schedulable),
             str(pending),
             str(deleted),
-            # Sorted: the same placement listed in another score order is the same.
-            *sorted([line(p) for p in clusters]),
-            # Insertion order is deterministic: filters walk the fleet in name order.
-            *rejections,
-            *[verdict.line for verdict in rejections.values()],
+            *lines,
+            f"{rejected}:{mark:x}",
         ]
     )
-    decision_id = hashlib.sha256(f"{inp.digest()}\x1e{result}".encode()).hexdigest()[:32]
-    return Decision(
-        ref=inp.analyzed.ref,
-        decision_id=decision_id,
-        strategy=strategy,
-        clusters=clusters,
-        reason=reason,
-        rejections=rejections,
-        schedulable=schedulable and (bool(active) or strategy is Strategy.AS_NEEDED or deleted),
-        pending=pending,
-        deleted=deleted,
-    )
+    return hashlib.sha256(f"{inp.digest()}\x1e{result}".encode()).hexdigest()[:32]
+
+
+_ENTRY = itemgetter(0)
+_LINE = itemgetter(1)
 
 
 def release_retiring(decided: PlacementDecided, released: Collection[str]) -> PlacementDecided:

@@ -26,8 +26,9 @@ inputs were validated by pydantic where they entered the process, and nothing he
 parses untrusted data.
 
 Memoisation inside `Fleet` (selector matches, fits per request shape, placement
-entries, the core's filter verdicts per policy and shape) does not make the core
-impure: every cached value is a function of the snapshot and its key alone.
+entries, the core's filter verdicts per policy and shape and their share of the
+decision id) does not make the core impure: every cached value is a function of
+the snapshot and its key alone.
 
 Capacity records are typed by the protocols `CapacityRecord` and `CapacitySnapshot`,
 which ``flotilla.common.capacity.ClusterCapacity`` / ``Snapshot`` satisfy, instead of
@@ -46,6 +47,8 @@ import operator
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import repeat
+from operator import attrgetter, is_, mul
 from typing import Any, Generic, Protocol, TypeVar
 
 from flotilla.common import api, labels
@@ -162,6 +165,11 @@ def aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
+MARK_BITS = 28
+"""Bits of a cluster's and a verdict's mark (`Fleet.rejections_mark`): their product
+stays one machine word and a fleet's sum of them one C long for ``sum``, where
+64-bit marks made every term a multi-digit multiplication."""
+
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 """2**64 / golden ratio: the usual odd multiplier of multiplicative hashing."""
@@ -203,13 +211,18 @@ class Verdict:
     reason: str
     """One readable line, shown by ``describe``."""
     line: str = field(init=False, repr=False, compare=False)
-    """``code:unit:reason``, what the decision id hashes (built once per verdict)."""
+    """``code:unit:reason`` (built once per verdict)."""
+    mark: int = field(init=False, repr=False, compare=False)
+    """`MARK_BITS` of `hash64` of `line`, made odd: what the decision id hashes of this
+    verdict, times the rejected cluster's own mark (`Fleet.rejections_mark`)."""
     text: str = field(init=False, repr=False, compare=False)
     """``unit: reason``, what the event shows (built once: one verdict object is
     shared by every cluster it rejects, and by every decision of a memoised filter)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "line", f"{self.code}:{self.unit}:{self.reason}")
+        line = f"{self.code}:{self.unit}:{self.reason}"
+        object.__setattr__(self, "line", line)
+        object.__setattr__(self, "mark", hash64(line) >> (64 - MARK_BITS) | 1)
         object.__setattr__(self, "text", f"{self.unit}: {self.reason}")
 
     def __str__(self) -> str:
@@ -607,6 +620,26 @@ class Fleet:
             _bounded(self._placement_lines)[key] = line
         return line
 
+    @functools.cached_property
+    def _active(self) -> dict[tuple[str, int | None], tuple[ClusterPlacement, str]]:
+        """(cluster, replicas) → its Active `placement` entry and `placement_line`."""
+        return {}
+
+    def active_entries(
+        self, placements: Sequence[tuple[str, int | None]]
+    ) -> list[tuple[ClusterPlacement, str]]:
+        """The Active `placement` entry and `placement_line` of each (cluster, replicas),
+        looked up in one C-level pass (a copy lands on most of the fleet: two method
+        calls per cluster were a tenth of its decision)."""
+        memo = self._active
+        found = list(map(memo.get, placements))
+        if None in found:
+            for i, pair in enumerate(placements):
+                if found[i] is None:
+                    entry = self.placement(pair[0], pair[1], PlacementState.ACTIVE)
+                    found[i] = _bounded(memo)[pair] = (entry, self.placement_line(entry))
+        return found  # type: ignore[return-value]  # (no None left)
+
     def policy_text(self, policy: api.PlacementPolicySpec | None) -> str | None:
         """The policy as canonical JSON, for decision ids (memoised per policy object).
 
@@ -738,6 +771,68 @@ class Fleet:
         _bounded(memo)[key] = (self.epoch, values)
         return values
 
+    # --- the rejections' share of decision ids ---------------------------------------
+
+    @functools.cached_property
+    def _name_marks(self) -> dict[str, int]:
+        """Cluster → its mark in `rejections_mark`: `MARK_BITS` of its name hash, made
+        odd (the cluster set is fixed for a fleet's lifetime: built once)."""
+        return {v.name: v.name_hash >> (64 - MARK_BITS) | 1 for v in self.views}
+
+    @functools.cached_property
+    def _marks(self) -> dict[Hashable, tuple[int, Rejections, int]]:
+        """Verdict memo key → (epoch, the rejections `verdicts` returned then, their
+        `rejections_mark`)."""
+        return {}
+
+    def rejections_mark(self, rejections: Mapping[str, Verdict]) -> int:
+        """The sum over `rejections` of the cluster's mark times its verdict's
+        (`Verdict.mark`): what a decision id hashes of its rejections.
+
+        A sum, not a hash of the lines in order, so that it adds up from parts: the
+        memoised verdicts' share is summed once per memo (`verdicts_mark`) and a
+        decision adds or takes away only its own (holders, per-decision filters, the
+        strategy's). Swapping two clusters' verdicts changes it (the marks are odd
+        numbers, their products distinct), and any difference in the input is
+        in the decision id through `SchedulingInput.digest` anyway: this share is
+        there so that the id also names the result."""
+        names = self._name_marks
+        verdicts = list(rejections.values())
+        if verdicts and all(map(is_, verdicts, repeat(verdicts[0]))):
+            # One verdict for all (a strategy's "ranked below the chosen ones", a
+            # selector's): its mark times the names' sum, one multiplication.
+            return verdicts[0].mark * sum(map(names.__getitem__, rejections))
+        return sum(map(mul, map(names.__getitem__, rejections), map(_MARK, verdicts)))
+
+    def verdicts_mark(self, key: Hashable, rejections: Rejections) -> int:
+        """`rejections_mark` of the rejections `verdicts(key, ...)` has just returned,
+        memoised per key: after a patch only the patched clusters' terms are taken
+        out and put back (`verdicts` judges only those again, so no other cluster's
+        verdict can differ), not every rejection summed again per decision."""
+        entry = self._marks.get(key)
+        if entry is not None:
+            epoch, known, total = entry
+            if known is rejections:
+                return total
+            stale = self._stale(epoch)
+            if 2 * len(stale) < len(rejections):
+                names = self._name_marks
+                for view in stale:
+                    name = view.name
+                    before = known.get(name)
+                    after = rejections.get(name)
+                    if before is not None:
+                        total -= names[name] * before.mark
+                    if after is not None:
+                        total += names[name] * after.mark
+                _bounded(self._marks)[key] = (self.epoch, rejections, total)
+                return total
+        total = self.rejections_mark(rejections)
+        _bounded(self._marks)[key] = (self.epoch, rejections, total)
+        return total
+
+
+_MARK = attrgetter("mark")
 
 RECENT_PATCHES = 32
 """Patches a fleet remembers the names of (`Fleet._stale`); older memos scan the fleet."""
@@ -782,10 +877,6 @@ def _reserved_text(reserved: Mapping[str, int]) -> str:
 
 def _amounts(order: tuple[str, ...], reserved: Mapping[str, int]) -> tuple[int, ...]:
     return tuple(reserved[name] for name in order)
-
-
-_SORTED_JSON = json.JSONEncoder(sort_keys=True)
-"""``json.dumps(..., sort_keys=True)`` without building an encoder per call."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -840,38 +931,52 @@ class SchedulingInput:
         return str(metadata.get("uid") or self.analyzed.ref.key)
 
     def digest(self) -> str:
-        """A hash of everything this decision reads (the input half of ``decision_id``)."""
+        """A hash of everything this decision reads (the input half of ``decision_id``).
+
+        sha256 of the object's facts, the policy (its canonical JSON, `Fleet.policy_json`),
+        the fleet's fingerprint, the previous placement, the dependencies' placements,
+        ``now`` and the clusters to avoid, joined by ``\\x1e``. Each part but the policy
+        and the fingerprint is written with ``repr``: they are tuples and lists of
+        strings, numbers, booleans and ``None``, whose ``repr`` is the same in every
+        process, names its values unambiguously (strings quoted, control characters
+        escaped, so never a bare ``\\x1e``), and costs one C call where a JSON
+        encoder call per part cost microseconds."""
         analyzed = self.analyzed
         metadata = analyzed.object.get("metadata") or {}
-        obj = {
-            "ref": analyzed.ref.key,
-            "uid": metadata.get("uid"),
-            "generation": metadata.get("generation"),
-            "resourceVersion": metadata.get("resourceVersion"),
-            "annotation": (metadata.get("annotations") or {}).get(api.STRATEGY_ANNOTATION),
-            "deleted": analyzed.deleted,
-            "strategy": analyzed.strategy.value,
-            "replicas": analyzed.replicas,
-            "requests": sorted(analyzed.requests.items()),
-            "components": [
-                [c.name, c.replicas, sorted(c.requests.items())] for c in analyzed.components
-            ],
-        }
-        # What ``json.dumps([obj, policy text, fingerprint, ...], sort_keys=True)``
-        # writes, item by item: the policy's JSON string is escaped once per policy.
-        encode = _SORTED_JSON.encode
-        text = ", ".join(
+        components = analyzed.components
+        facts = (
+            analyzed.ref.key,
+            metadata.get("uid"),
+            metadata.get("generation"),
+            metadata.get("resourceVersion"),
+            (metadata.get("annotations") or {}).get(api.STRATEGY_ANNOTATION),
+            analyzed.deleted,
+            analyzed.strategy.value,
+            analyzed.replicas,
+            sorted(analyzed.requests.items()),
+            [(c.name, c.replicas, sorted(c.requests.items())) for c in components]
+            if components
+            else (),
+        )
+        previous = self.previous
+        dependencies = self.dependency_placements
+        avoid = self.avoid_clusters
+        text = "\x1e".join(
             [
-                encode(obj),
+                repr(facts),
                 self.fleet.policy_json(self.policy),
-                encode(self.fleet.fingerprint),
-                encode([[p.cluster, p.replicas, p.state.value] for p in self.previous]),
-                encode(sorted((k, sorted(v)) for k, v in self.dependency_placements.items())),
-                encode(self.now.isoformat()),
-                encode(sorted(self.avoid_clusters)),
+                self.fleet.fingerprint,
+                repr([(p.cluster, p.replicas, p.state.value) for p in previous])
+                if previous
+                else "()",
+                repr(sorted((k, sorted(v)) for k, v in dependencies.items()))
+                if dependencies
+                else "()",
+                self.now.isoformat(),
+                repr(sorted(avoid)) if avoid else "()",
             ]
         )
-        return hashlib.sha256(f"[{text}]".encode()).hexdigest()
+        return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

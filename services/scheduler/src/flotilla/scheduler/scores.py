@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import compress, islice
-from operator import eq
+from itertools import compress, islice, repeat
+from operator import add, attrgetter, eq, mul
 
 from flotilla.scheduler.model import UNBOUNDED, ClusterView, Context, Registry
 
@@ -43,6 +43,14 @@ class Score:
 SCORES: Registry[Score] = Registry("score")
 
 MAX = 100.0
+
+_NAME = attrgetter("name")
+_PLACEMENTS = attrgetter("placements")
+
+# The scores and `totals` run once per decision over every candidate: their
+# per-candidate arithmetic is written as ``map`` over `operator` functions (or
+# lookups in a per-fleet memo), one C loop each instead of a Python-level
+# comprehension, computing the same floats in the same order.
 
 
 def score(name: str, weight: int) -> Callable[[ScoreFn], ScoreFn]:
@@ -84,10 +92,10 @@ def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Sequence[float]
         return [MAX * min(_free_share(c), 1.0) for c in candidates]
     fits = ctx.fits
     held = ctx.held
-    room = [
-        min(fits.get(c.name, 0) + held.get(c.name, 0), UNBOUNDED) if held else fits.get(c.name, 0)
-        for c in candidates
-    ]
+    if held:
+        room = [min(fits.get(c.name, 0) + held.get(c.name, 0), UNBOUNDED) for c in candidates]
+    else:
+        room = list(map(fits.get, map(_NAME, candidates), repeat(0)))
     if not room:
         return None
     largest = max(room)
@@ -96,17 +104,24 @@ def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Sequence[float]
         return None
     scale = MAX / most
     if largest == most:
-        return [r * scale for r in room]
-    return [min(r, most) * scale for r in room]
+        return list(map(mul, room, repeat(scale)))
+    return list(map(mul, map(min, room, repeat(most)), repeat(scale)))
 
 
 @score("balance", weight=1)
 def balance(ctx: Context, candidates: Sequence[ClusterView]) -> Sequence[float] | None:
-    placements = [c.placements for c in candidates]
-    busiest = max(placements)
+    busiest = max(map(_PLACEMENTS, candidates))
     if busiest == 0:
         return None
-    return [MAX - MAX * n / busiest for n in placements]
+    # Placements are the clusters' own (not capacity): every cluster's score relative
+    # to one busiest count is computed once per fleet, and candidates look it up.
+    memo = ctx.fleet.memo
+    scored = memo.get(("balance", busiest))
+    if scored is None:
+        scored = memo[("balance", busiest)] = {
+            v.name: MAX - MAX * v.placements / busiest for v in ctx.fleet.views
+        }
+    return list(map(scored.__getitem__, map(_NAME, candidates)))
 
 
 def totals(ctx: Context, candidates: Sequence[ClusterView]) -> list[float]:
@@ -121,12 +136,9 @@ def totals(ctx: Context, candidates: Sequence[ClusterView]) -> list[float]:
         weight = unit.weight
         # The first score is taken as it is (0.0 + x is x) and a weight of 1 is not
         # multiplied by: two passes fewer over the candidates, the same sums.
-        weighted = values if weight == 1 else [weight * v for v in values]
-        total = (
-            list(weighted)
-            if total is None
-            else [t + v for t, v in zip(total, weighted, strict=True)]
-        )
+        weighted = values if weight == 1 else list(map(mul, repeat(weight), values))
+        # (Both have as many values as there are candidates, checked above.)
+        total = list(weighted) if total is None else list(map(add, total, weighted))
     return [0.0] * len(candidates) if total is None else total
 
 
@@ -143,7 +155,7 @@ def rank(ctx: Context, candidates: Sequence[ClusterView]) -> list[ClusterView]:
     total = totals(ctx, candidates)
     order = sorted(range(count), key=total.__getitem__, reverse=True)
     if len(set(total)) < count:
-        ordered = [total[i] for i in order]
+        ordered = list(map(total.__getitem__, order))
         # Positions p where the p-th and the next total are equal (C-level passes).
         tied = list(compress(range(count - 1), map(eq, ordered, islice(ordered, 1, None))))
         start = 0
@@ -157,4 +169,4 @@ def rank(ctx: Context, candidates: Sequence[ClusterView]) -> list[ClusterView]:
             keyed = sorted(zip(ctx.tiebreaks(views), [v.name for v in views], run, strict=True))
             order[first : last + 1] = [k[2] for k in keyed]
             start = end + 1
-    return [candidates[i] for i in order]
+    return list(map(candidates.__getitem__, order))

@@ -51,6 +51,9 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import compress, repeat
+from operator import add, and_, attrgetter, eq, gt, is_, is_not, lt, methodcaller, truediv
 
 from flotilla.common.api import SplitBy
 from flotilla.scheduler.model import (
@@ -82,6 +85,11 @@ class Assignment:
 Strategy = Callable[[Context, Sequence[ClusterView]], Assignment]
 
 STRATEGIES: Registry[Strategy] = Registry("strategy")
+
+
+_NAME = attrgetter("name")
+_LABELS = attrgetter("labels")
+_not_none = partial(is_not, None)
 
 
 def listing(items: Sequence[str]) -> str:
@@ -117,21 +125,25 @@ def select(
         return Selection(list(ranked[:limit]), _left_out(ranked[limit:], limit, one))
     key = spread.label_key
     rejections: Rejections = {}
-    groups: dict[str, list[ClusterView]] = {}
-    missing = Verdict(Code.UNRESOLVABLE, "spread", f"no {key} label to spread by")
-    for cluster in ranked:
-        value = cluster.labels.get(key)
-        if value is None:
-            rejections[cluster.name] = missing
-        else:
-            groups.setdefault(value, []).append(cluster)
-    if len(groups) < spread.min_groups:
-        found = f" ({listing(sorted(groups))})" if groups else ""
+    # Each candidate's label value (None: unlabelled) in rank order, and groups as
+    # positions in `ranked`, found by C-level passes rather than a Python loop per
+    # candidate. The rejections are inserted in the order one loop grouping cluster
+    # by cluster gave: the unlabelled ones, then each left-out group's.
+    values = list(map(methodcaller("get", key), map(_LABELS, ranked)))
+    positions = range(len(values))
+    if None in values:
+        missing = Verdict(Code.UNRESOLVABLE, "spread", f"no {key} label to spread by")
+        unlabelled = compress(positions, map(is_, values, repeat(None)))
+        rejections.update(dict.fromkeys(map(_NAME, map(ranked.__getitem__, unlabelled)), missing))
+    names = list(dict.fromkeys(filter(_not_none, values)))
+    """The groups, ordered by their best cluster."""
+    if len(names) < spread.min_groups:
+        found = f" ({listing(sorted(names))})" if names else ""
         return Selection(
             [],
             rejections,
             f"spread by {key} needs at least {spread.min_groups} groups; "
-            f"eligible clusters are in {len(groups)}{found}",
+            f"eligible clusters are in {len(names)}{found}",
         )
     if limit is not None and limit < spread.min_groups:
         return Selection(
@@ -140,7 +152,6 @@ def select(
             f"spread by {key} needs {spread.min_groups} groups but only {limit} "
             f"cluster{'s' if limit != 1 else ''} may be chosen",
         )
-    names = list(groups)
     used = names[: spread.max_groups] if spread.max_groups is not None else names
     for value in names[len(used) :]:
         verdict = Verdict(
@@ -148,33 +159,51 @@ def select(
             "spread",
             f"group {key}={value} not among the best {spread.max_groups} (maxGroups)",
         )
-        for cluster in groups[value]:
-            rejections[cluster.name] = verdict
-    position = {c.name: i for i, c in enumerate(ranked)}
-    leaders = [groups[value][0] for value in used]
-    others = sorted(
-        (c for value in used for c in groups[value][1:]), key=lambda c: position[c.name]
-    )
-    order = leaders + others
+        members = compress(positions, map(eq, values, repeat(value)))
+        rejections.update(dict.fromkeys(map(_NAME, map(ranked.__getitem__, members)), verdict))
+    # Every used group's best cluster comes before any group's second, each part in
+    # rank order (groups are ordered by their best cluster: the leaders ascend too).
+    leaders = list(map(values.index, used))
+    rest = list(map(frozenset(used).__contains__, values))
+    for i in leaders:
+        rest[i] = False
+    order = leaders + list(compress(positions, rest))
     if limit is not None and len(order) > limit:
-        rejections.update(_left_out(order[limit:], limit, one))
+        rejections.update(_left_out(list(map(ranked.__getitem__, order[limit:])), limit, one))
         order = order[:limit]
-    order.sort(key=lambda c: position[c.name])
-    return Selection(order, rejections)
+    order.sort()
+    return Selection(list(map(ranked.__getitem__, order)), rejections)
 
 
 def _left_out(clusters: Sequence[ClusterView], limit: int, one: bool) -> Rejections:
-    if one:
-        verdict = Verdict(
-            Code.UNSCHEDULABLE, "select", "another cluster ranked higher; the object goes to one"
-        )
-        return {c.name: verdict for c in clusters}
-    verdict = Verdict(
-        Code.UNSCHEDULABLE,
-        "max-clusters",
-        f"ranked below the {limit} chosen cluster{'s' if limit != 1 else ''} (maxClusters)",
-    )
-    return {c.name: verdict for c in clusters}
+    return dict.fromkeys(map(_NAME, clusters), _left_out_verdict(limit, one))
+
+
+_left_out_verdicts: dict[tuple[int, bool], Verdict] = {}
+"""`_left_out_verdict` per (limit, one): a verdict is a value, and every ``any`` decision
+turns all candidates but one down with the same one."""
+
+
+def _left_out_verdict(limit: int, one: bool) -> Verdict:
+    key = (limit, one)
+    verdict = _left_out_verdicts.get(key)
+    if verdict is None:
+        if one:
+            verdict = Verdict(
+                Code.UNSCHEDULABLE,
+                "select",
+                "another cluster ranked higher; the object goes to one",
+            )
+        else:
+            verdict = Verdict(
+                Code.UNSCHEDULABLE,
+                "max-clusters",
+                f"ranked below the {limit} chosen cluster{'s' if limit != 1 else ''} (maxClusters)",
+            )
+        if len(_left_out_verdicts) >= 1024:  # limits come from policies: bounded anyway
+            _left_out_verdicts.clear()
+        _left_out_verdicts[key] = verdict
+    return verdict
 
 
 # --- split ------------------------------------------------------------------------
@@ -200,13 +229,23 @@ def apportion(
     counts = list(start)
     placed = sum(counts)
     if placed < total:
-        counts = _grow_in_bulk(total - placed, weights, caps, counts)
-        placed = sum(counts)
-        grow = [
-            (-weights[i] / (counts[i] + 0.5), i)
-            for i in range(len(counts))
-            if counts[i] < caps[i] and weights[i] > 0
-        ]
+        if total - placed <= BULK_AFTER:
+            # A few seats (a Deployment of a few replicas over many clusters): only
+            # the open clusters first in line can get one, and the heap runs over
+            # those alone (see `_first_in_line`). No bulk step: it would hand out
+            # nothing, or every open seat, which the heap then does just as well.
+            grow = [
+                (-weights[i] / (counts[i] + 0.5), i)
+                for i in _first_in_line(total - placed, weights, caps, counts)
+            ]
+        else:
+            counts = _grow_in_bulk(total - placed, weights, caps, counts)
+            placed = sum(counts)
+            grow = [
+                (-weights[i] / (counts[i] + 0.5), i)
+                for i in range(len(counts))
+                if counts[i] < caps[i] and weights[i] > 0
+            ]
         heapq.heapify(grow)
         while placed < total and grow:
             _, i = heapq.heappop(grow)
@@ -228,6 +267,25 @@ def apportion(
             if counts[i] > 0:
                 heapq.heappush(shrink, (weights[i] / (counts[i] - 0.5), -i))
     return counts
+
+
+def _first_in_line(
+    seats: int, weights: Sequence[int], caps: Sequence[int], counts: Sequence[int]
+) -> list[int]:
+    """The open entries (room left, a weight) that may get one of the next `seats`
+    seats: the `seats` best by next quotient ``weight / (count + 0.5)``, equal ones
+    by position, as the heap orders them.
+
+    A cluster gets a seat only after every open cluster ahead of it in that order
+    got one: their quotients were in the heap before its own and are higher (a
+    seat given only lowers the taker's next quotient, and never below what it
+    beat). So the clusters that get any of `seats` seats are a prefix of that
+    order no longer than `seats`, and the heap over this prefix gives each seat
+    where the heap over every open cluster would. Quotients and the order are
+    computed by C-level passes (``nlargest`` keeps equal keys in input order)."""
+    quotients = list(map(truediv, weights, map(add, counts, repeat(0.5))))
+    open_ = map(and_, map(lt, counts, caps), map(gt, weights, repeat(0)))
+    return heapq.nlargest(seats, compress(range(len(quotients)), open_), quotients.__getitem__)
 
 
 def _grow_in_bulk(
@@ -364,21 +422,21 @@ def split(ctx: Context, ranked: Sequence[ClusterView]) -> Assignment:
             caps.append(held.get(cluster.name, 0) if room is None else room)
     else:
         # `Context.capacity_of` without a call per cluster: nothing is held, and a
-        # cluster without a record has no room.
-        fits = ctx.fits
-        caps = [min(fits.get(c.name, 0), UNBOUNDED) for c in chosen]
+        # cluster without a record has no room. (C-level passes, as below.)
+        caps = list(map(min, map(ctx.fits.get, map(_NAME, chosen), repeat(0)), repeat(UNBOUNDED)))
     if static:
         weights = [static[c.name] for c in chosen]
         basis = "weights"
     else:
-        weights = [max(cap, 1) for cap in caps]
+        weights = list(map(max, caps, repeat(1)))
         basis = "capacity"
     if held:
         start = [min(held.get(c.name, 0), cap) for c, cap in zip(chosen, caps, strict=True)]
     else:
         start = [0] * len(chosen)
     counts = apportion(total, weights, caps, start)
-    placements = [(c.name, n) for c, n in zip(chosen, counts, strict=True) if n > 0]
+    # The clusters that got replicas, in rank order (counts are never negative).
+    placements = [(chosen[i].name, counts[i]) for i in compress(range(len(counts)), counts)]
     placed = sum(counts)
     shares = listing([f"{name}={n}" for name, n in placements])
     reason = (
@@ -401,10 +459,10 @@ def copy(ctx: Context, ranked: Sequence[ClusterView]) -> Assignment:
     selection = select(ctx, ranked, ctx.max_clusters)
     if selection.problem or not selection.chosen:
         return Assignment([], selection.problem, selection.rejections, schedulable=False)
-    names = [c.name for c in selection.chosen]
+    names = list(map(_NAME, selection.chosen))
     replicas = None if ctx.components else ctx.replicas
     reason = f"copied to {len(names)} cluster{'s' if len(names) != 1 else ''}: {listing(names)}"
-    return Assignment([(n, replicas) for n in names], reason, selection.rejections)
+    return Assignment(list(zip(names, repeat(replicas))), reason, selection.rejections)
 
 
 def _one(ctx: Context, ranked: Sequence[ClusterView]) -> tuple[ClusterView | None, Selection]:
