@@ -380,3 +380,33 @@ def make_input(
 
 def three_equal() -> list[ClusterBuilder]:
     return [make_cluster(n) for n in ("ap-south", "eu-west", "us-east")]
+
+
+def varied_inputs() -> list[SchedulingInput]:
+    """Inputs that between them reach every part of a decision id: rejections of
+    several kinds, spread and maxClusters, a previous placement (Retiring entries),
+    dependencies, clusters to avoid, components, each strategy. For checks that ids
+    are the same in every process."""
+    clusters = [
+        make_cluster("ap-south").with_labels(region="ap"),
+        make_cluster("eu-west").with_labels(region="eu"),
+        make_cluster("eu-central").with_labels(region="eu").with_taint("gpu"),
+        make_cluster("us-east").with_labels(region="us").with_room(cpu="1"),
+        make_cluster("us-west").with_labels(region="us").cordoned(),
+    ]
+    spread = make_policy().spread("region", min_groups=2).max_clusters(3)
+    return [
+        make_input(make_deployment(replicas=7).with_requests(cpu="300m"), clusters),
+        make_input(make_deployment(replicas=5), clusters, policy=spread),
+        make_input(
+            make_deployment(replicas=4),
+            clusters,
+            previous=placed(("us-west", 4)),
+            dependencies={"v1/ConfigMap/default/settings": ["eu-west", "ap-south"]},
+            avoid=["ap-south", "eu-west"],
+        ),
+        make_input(make_daemonset(), clusters),
+        make_input(make_pod(), clusters, previous=placed(("eu-west", 1))),
+        make_input(make_workload().with_component("taskmanager", 2, cpu="2"), clusters),
+        make_input(make_deployment(replicas=3).with_requests(cpu="64"), clusters),
+    ]

@@ -5,9 +5,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -52,6 +56,7 @@ from .builders import (
     make_workload,
     placed,
     three_equal,
+    varied_inputs,
 )
 
 
@@ -327,6 +332,34 @@ def test_decision_id_changes_with_any_input(change: str) -> None:
     else:
         other = make_input(make_deployment(replicas=6).with_uid("other"), three_equal())
     assert schedule(base).decision_id != schedule(other).decision_id
+
+
+_IDS_IN_A_PROCESS = """
+import importlib.util, json, sys
+from flotilla.scheduler.core import schedule
+spec = importlib.util.spec_from_file_location("builders", sys.argv[1])
+builders = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(builders)
+print(json.dumps([schedule(inp).decision_id for inp in builders.varied_inputs()]))
+"""
+
+
+def test_decision_ids_are_the_same_in_every_process() -> None:
+    """Two replicas, a restarted one and ``flotilla replay`` must derive the same id
+    from the same input: nothing in it may depend on the process (``hash`` of a
+    string, set order). Two interpreters with other hash seeds give this one's ids."""
+    here = [schedule(inp).decision_id for inp in varied_inputs()]
+    assert len(set(here)) == len(here)
+    builders = Path(__file__).with_name("builders.py")
+    for seed in ("0", "4242"):
+        done = subprocess.run(
+            [sys.executable, "-c", _IDS_IN_A_PROCESS, str(builders)],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert json.loads(done.stdout) == here
 
 
 def test_objects_with_equal_scores_spread_over_the_fleet() -> None:

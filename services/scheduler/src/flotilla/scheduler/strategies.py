@@ -135,8 +135,8 @@ def select(
         missing = Verdict(Code.UNRESOLVABLE, "spread", f"no {key} label to spread by")
         unlabelled = compress(positions, map(is_, values, repeat(None)))
         rejections.update(dict.fromkeys(map(_NAME, map(ranked.__getitem__, unlabelled)), missing))
+    # The groups, ordered by their best cluster.
     names = list(dict.fromkeys(filter(_not_none, values)))
-    """The groups, ordered by their best cluster."""
     if len(names) < spread.min_groups:
         found = f" ({listing(sorted(names))})" if names else ""
         return Selection(
