@@ -675,7 +675,7 @@ def id_from_scratch(inp: SchedulingInput, decision: Decision) -> str:
     return decision_id(
         inp,
         decision.strategy,
-        decision.clusters,
+        [inp.fleet.placement_line(p) for p in decision.clusters],
         decision.reason,
         len(decision.rejections),
         inp.fleet.rejections_mark(decision.rejections),

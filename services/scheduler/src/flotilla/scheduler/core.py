@@ -36,7 +36,7 @@ from operator import itemgetter
 
 from flotilla.common import api
 from flotilla.common.api import GroupVersionKind, PlacementState, Strategy
-from flotilla.common.events import ClusterPlacement, PlacementDecided
+from flotilla.common.events import PlacementDecided
 from flotilla.scheduler import filters, scores, strategies
 from flotilla.scheduler.model import (
     ClusterView,
@@ -302,7 +302,7 @@ def _finish(
     schedulable = schedulable and (bool(active) or strategy is Strategy.AS_NEEDED or deleted)
     return Decision(
         ref=inp.analyzed.ref,
-        decision_id=_decision_id(
+        decision_id=decision_id(
             inp, strategy, lines, reason, len(rejections), mark, schedulable, pending, deleted
         ),
         strategy=strategy,
@@ -318,29 +318,6 @@ def _finish(
 def decision_id(
     inp: SchedulingInput,
     strategy: Strategy,
-    clusters: Sequence[ClusterPlacement],
-    reason: str,
-    rejected: int,
-    mark: int,
-    schedulable: bool,
-    pending: int,
-    deleted: bool,
-) -> str:
-    """sha256 of the input's digest (`SchedulingInput.digest`) and the decision's
-    content: the strategy, reason and flags, the placement lines (sorted: the same
-    placement listed in another score order is the same), and the rejections as
-    their count and `Fleet.rejections_mark` (`rejected`, `mark`); 32 hex digits.
-
-    The rejections are a function of the input, already in the digest; they are
-    hashed as a sum memoised per filter memo rather than line by line, which cost
-    time in proportion to the fleet on every decision."""
-    lines = list(map(inp.fleet.placement_line, clusters))
-    return _decision_id(inp, strategy, lines, reason, rejected, mark, schedulable, pending, deleted)
-
-
-def _decision_id(
-    inp: SchedulingInput,
-    strategy: Strategy,
     lines: list[str],
     reason: str,
     rejected: int,
@@ -349,7 +326,15 @@ def _decision_id(
     pending: int,
     deleted: bool,
 ) -> str:
-    """`decision_id` given the placement lines (in any order: sorted here)."""
+    """sha256 of the input's digest (`SchedulingInput.digest`) and the decision's
+    content: the strategy, reason and flags, the placement lines (`Fleet.placement_line`
+    of each entry, in any order: sorted here, since the same placement listed in
+    another score order is the same), and the rejections as their count and
+    `Fleet.rejections_mark` (`rejected`, `mark`); 32 hex digits.
+
+    The rejections are a function of the input, already in the digest; they are
+    hashed as a sum memoised per filter memo rather than line by line, which cost
+    time in proportion to the fleet on every decision."""
     lines.sort()
     result = "\x1f".join(
         [
