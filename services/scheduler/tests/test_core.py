@@ -43,6 +43,7 @@ from flotilla.scheduler.model import (
 from .builders import (
     NOW,
     ClusterBuilder,
+    ObjectBuilder,
     PolicyBuilder,
     fleet,
     make_cluster,
@@ -483,7 +484,7 @@ def test_memoised_filters_decide_like_a_fresh_fleet(
         obj = make_daemonset()
     else:
         obj = make_pod()
-    previous = placed(*{f"c{i}": n for i, n in held}.items())
+    previous = held_placement(held)
     dependencies = {"v1/PersistentVolumeClaim/default/data": [f"c{pin}"]} if pin is not None else {}
     shared = fleet(*clusters)
     # Warm the memos with another decision that holds different clusters.
@@ -621,6 +622,20 @@ def patch_records(
     return change
 
 
+def held_placement(held: list[tuple[int, int]]) -> tuple[ClusterPlacement, ...]:
+    """A drawn previous placement: replicas on ``c<index>`` (a later index wins)."""
+    return placed(*{f"c{i}": n for i, n in held}.items())
+
+
+def patch_test_objects(replicas: int) -> list[ObjectBuilder]:
+    """A split, a copy and an any object, decided between patches."""
+    return [
+        make_deployment(replicas=replicas).with_requests(cpu="500m"),
+        make_daemonset(),
+        make_pod().with_requests(cpu="1"),
+    ]
+
+
 PATCHED_FLEET_CASES = {
     "clusters": fleets(),
     "policy": policies(),
@@ -642,12 +657,8 @@ def test_patched_fleet_decides_like_a_fresh_one(
 ) -> None:
     """A fleet patched record by record (warm memos in between) decides exactly as a
     fleet built fresh from the final records: same decision, same decision_id."""
-    objects = [
-        make_deployment(replicas=replicas).with_requests(cpu="500m"),
-        make_daemonset(),
-        make_pod().with_requests(cpu="1"),
-    ]
-    previous = placed(*{f"c{i}": n for i, n in held}.items())
+    objects = patch_test_objects(replicas)
+    previous = held_placement(held)
     patched = fleet(*clusters)
     records = {c.name: c.record() for c in clusters}
     for patch in patches:
@@ -698,12 +709,10 @@ def test_the_memoised_rejections_mark_is_the_sum_of_the_decisions_rejections(
     patches, the holders', the per-decision filters' and the strategy's added) is the
     mark of the decision's rejections summed from scratch."""
     objects = [
-        make_deployment(replicas=replicas).with_requests(cpu="500m"),
+        *patch_test_objects(replicas),
         make_deployment(replicas=replicas).with_requests(cpu="500m").with_uid("pinned"),
-        make_daemonset(),
-        make_pod().with_requests(cpu="1"),
     ]
-    previous = placed(*{f"c{i}": n for i, n in held}.items())
+    previous = held_placement(held)
     # A dozen cordoned clusters more: a patch then changes a few of many rejections,
     # which the memo updates term by term rather than summing again.
     patched = fleet(*clusters, *[make_cluster(f"x{i:02d}").cordoned() for i in range(12)])
@@ -902,13 +911,8 @@ def test_every_patch_leaves_the_memos_as_a_fresh_fleet_would_fill_them(
     between passing and rejected (the memo is rebuilt). Only some objects are decided
     after each patch, so memos filled together fall behind by different numbers of
     patches (what the fleet remembers as stale per epoch must follow every patch)."""
-    objects = [
-        make_deployment(replicas=replicas).with_requests(cpu="500m"),
-        make_daemonset(),
-        make_pod().with_requests(cpu="1"),
-        make_pod(),
-    ]
-    previous = placed(*{f"c{i}": n for i, n in held}.items())
+    objects = [*patch_test_objects(replicas), make_pod()]
+    previous = held_placement(held)
     patched = fleet(*clusters)
     records = {c.name: c.record() for c in clusters}
     for patch in patches:

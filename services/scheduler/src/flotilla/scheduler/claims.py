@@ -136,24 +136,13 @@ def plan(
     was = held_for if held_for is not None else analyzed
     requests = dict(analyzed.requests)
     claims: list[Claim] = []
-    # An object without components holds one reservation per cluster, made here
-    # rather than by `shapes` (a copy object claims on most of the fleet).
-    whole = not analyzed.components
     for placement in chosen:
         if placement.state is not ACTIVE:
             continue
-        cluster = placement.cluster
-        old = before.get(cluster)
-        replicas = placement.replicas
-        if old is not None and (old.replicas or 0) == (replicas or 0):
+        old = before.get(placement.cluster)
+        if old is not None and (old.replicas or 0) == (placement.replicas or 0):
             continue
-        if not whole:
-            claims.extend(shapes(key, analyzed, placement, requests))
-            continue
-        if replicas is None:
-            replicas = 1
-        if replicas > 0:
-            claims.append(Claim(cluster, key, requests, replicas))
+        claims.extend(shapes(key, analyzed, placement, requests))
     kept = {p.cluster for p in chosen}
     left = list(dict.fromkeys(p.cluster for p in previous if p.cluster not in kept))
     releases = [(cluster, rid) for cluster in left for rid in reservation_ids(key, analyzed)]
