@@ -5,7 +5,8 @@ and deduplication out.
   `flotilla.common.topology` declares.
 - `Bus.publish` / `Bus.publish_batch`: deterministic `Nats-Msg-Id` from the event
   id (JetStream drops a duplicate inside the window), W3C trace context in the
-  headers, pipelined publishing for batches.
+  headers, acknowledgements through one reply subscription (`flotilla.common.acks`),
+  pipelined publishing for batches.
 - `Consumer`: one per service replica. Holds partition leases
   (`flotilla.common.leases`), fetches each owned partition in batches, and
   dispatches per key in order with bounded concurrency across keys
@@ -18,7 +19,7 @@ and deduplication out.
 - `Bus.store`: a typed compare-and-set store over one of the topology's buckets
   (`flotilla.common.store`).
 
-Only this module, `leases` and `store` import `nats`.
+Only this module, `acks`, `leases` and `store` import `nats`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from opentelemetry import trace
 from pydantic import BaseModel
 
 from flotilla.common import events, store, telemetry
+from flotilla.common.acks import Acks
 from flotilla.common.dispatch import (
     KEY_HEADER,
     TYPE_HEADER,
@@ -110,6 +112,7 @@ class Bus:
         self.nc = nc
         self.tracer = tracer or trace.get_tracer("flotilla.bus")
         self.js: JetStreamContext = nc.jetstream()
+        self.acks = Acks(nc)
         self.topology = topology
         self.producer = producer
         self._buckets: dict[str, Any] = {}
@@ -210,7 +213,8 @@ class Bus:
         """The typed compare-and-set store over bucket `spec` (created if absent); `memo`
         keys read or written last are not parsed again while unchanged (`store.Store`)."""
         kv = await self.bucket(spec)
-        return store.Store(store.JetStreamBucket(self.js, kv, spec.name), model, memo=memo)
+        bucket = store.JetStreamBucket(self.js, kv, spec.name, acks=self.acks)
+        return store.Store(bucket, model, memo=memo)
 
     async def publish(self, event: events.Envelope) -> api.PubAck:
         """Publish one event; `InvalidObject` (``ObjectTooLarge``, ``ObjectTooDeep``) when
@@ -219,7 +223,7 @@ class Bus:
         with telemetry.publish_span(subject, None, message_id=event.id, tracer=self.tracer):
             subject, headers, data = self._prepare(event)
             try:
-                return await self.js.publish(subject, data, headers=headers)
+                return await self.acks.publish(subject, data, headers)
             except (nats.errors.Error, OSError) as exc:
                 if _too_large(exc):
                     raise InvalidObject(
@@ -231,14 +235,15 @@ class Bus:
 
     async def publish_batch(self, batch: Sequence[events.Envelope]) -> list[api.PubAck]:
         """Pipelined: send everything, then wait for all acknowledgements."""
-        futures = []
+        prepared = []
+        for event in batch:
+            subject = self.topology.event_subject(event.type, event.key)
+            with telemetry.publish_span(subject, None, message_id=event.id, tracer=self.tracer):
+                prepared.append(self._prepare(event))
         try:
-            for event in batch:
-                subject = self.topology.event_subject(event.type, event.key)
-                with telemetry.publish_span(subject, None, message_id=event.id, tracer=self.tracer):
-                    subject, headers, body = self._prepare(event)
-                    futures.append(await self.js.publish_async(subject, body, headers=headers))
-            acks = await asyncio.gather(*futures)
+            acks = await asyncio.gather(
+                *(self.acks.publish(subject, body, headers) for subject, headers, body in prepared)
+            )
         except (nats.errors.Error, OSError) as exc:
             raise Unavailable(f"batch publish failed: {exc}") from exc
         return list(acks)

@@ -61,6 +61,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
 from pydantic import BaseModel, ValidationError
 
+from flotilla.common.acks import Acks
 from flotilla.common.errors import PermanentError, TemporaryError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -69,9 +70,9 @@ M = TypeVar("M", bound=BaseModel)
 
 CONFLICT_DELAY = 0.1
 PARALLEL_REQUESTS = 64
+"""Requests in flight at once for bulk work (purging many tombstones)."""
 SCAN_WAIT = 10.0
 """Seconds a scan of a bucket waits for its next entry."""
-"""Requests in flight at once for bulk work (purging many tombstones)."""
 EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
 WRONG_LAST_SEQUENCE = (10071, 10164)
 """JetStream error codes of a failed expected-last-subject-sequence check."""
@@ -562,17 +563,30 @@ def _seconds(moment: object) -> float:
 class JetStreamBucket:
     """A NATS KV bucket (created beforehand, by `flotilla.common.bus.Bus.ensure`).
 
-    Reads, creates and updates go through nats-py's KV; deletes publish the KV
-    delete marker themselves, because nats-py's ``delete`` does not return the
-    tombstone's revision, and purges go through the stream API so that they can be
-    bounded by a sequence (nats-py's ``purge_deletes`` would also remove a value
-    written after the tombstone it found).
+    Reads go through nats-py's KV. Creates and updates are the KV's own
+    compare-and-set (a publish to the key's subject naming the revision read, in
+    ``Nats-Expected-Last-Subject-Sequence``), sent through the bus's `Acks` when it
+    has one: the record write of every decision then costs no request/reply round
+    of its own. A create that finds a tombstone re-creates over it, as nats-py's
+    ``create`` does. Deletes publish the KV delete marker themselves, because
+    nats-py's ``delete`` does not return the tombstone's revision, and purges go
+    through the stream API so that they can be bounded by a sequence (nats-py's
+    ``purge_deletes`` would also remove a value written after the tombstone it
+    found).
     """
 
-    def __init__(self, js: JetStreamContext, kv: nats.js.kv.KeyValue, name: str) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        kv: nats.js.kv.KeyValue,
+        name: str,
+        *,
+        acks: Acks | None = None,
+    ) -> None:
         self.js = js
         self.kv = kv
         self.name = name
+        self.acks = acks
         self.stream = f"KV_{name}"
         self._prefix = f"$KV.{name}."
 
@@ -586,11 +600,32 @@ class JetStreamBucket:
 
     async def create(self, key: str, data: bytes) -> int:
         with _nats_errors(f"create {key}"):
-            return int(await self.kv.create(key, data))
+            if self.acks is None:
+                return int(await self.kv.create(key, data))
+            try:
+                return await self._write(key, data, 0)
+            except nats.js.errors.APIError as exc:
+                if exc.err_code not in WRONG_LAST_SEQUENCE:
+                    raise
+                # A tombstone (re-create over it) or a value (the create lost)?
+                try:
+                    last = await self.js.get_last_msg(self.stream, self._prefix + key)
+                except nats.js.errors.NotFoundError:  # purged meanwhile: nothing there
+                    return await self._write(key, data, 0)
+                if (last.headers or {}).get(KV_OP) not in (KV_DEL, KV_PURGE):
+                    raise
+                return await self._write(key, data, int(last.seq or 0))
 
     async def update(self, key: str, data: bytes, revision: int) -> int:
         with _nats_errors(f"update {key}"):
-            return int(await self.kv.update(key, data, last=revision))
+            if self.acks is None:
+                return int(await self.kv.update(key, data, last=revision))
+            return await self._write(key, data, revision)
+
+    async def _write(self, key: str, data: bytes, last: int) -> int:
+        assert self.acks is not None
+        headers = {EXPECTED_LAST_SUBJECT_SEQUENCE: str(last)}
+        return int((await self.acks.publish(self._prefix + key, data, headers)).seq)
 
     async def put(self, key: str, data: bytes) -> int:
         with _nats_errors(f"put {key}"):
