@@ -204,10 +204,11 @@ class Bus:
             on_dead_letter=on_dead_letter,
         )
 
-    def _prepare(self, event: events.Envelope) -> tuple[str, dict[str, str], bytes]:
-        subject = self.topology.event_subject(event.type, event.key)
+    @staticmethod
+    def _prepare(event: events.Envelope) -> tuple[dict[str, str], bytes]:
+        """Headers and body of `event`, inside its publish span (`stamped`)."""
         event, headers = stamped(event)
-        return subject, headers, events.encode(event)
+        return headers, events.encode(event)
 
     async def store(self, spec: BucketSpec, model: type[M], *, memo: int = 0) -> store.Store[M]:
         """The typed compare-and-set store over bucket `spec` (created if absent); `memo`
@@ -221,7 +222,7 @@ class Bus:
         it can never be carried, `Unavailable` when NATS does not answer."""
         subject = self.topology.event_subject(event.type, event.key)
         with telemetry.publish_span(subject, None, message_id=event.id, tracer=self.tracer):
-            subject, headers, data = self._prepare(event)
+            headers, data = self._prepare(event)
             try:
                 return await self.acks.publish(subject, data, headers)
             except (nats.errors.Error, OSError) as exc:
@@ -239,7 +240,7 @@ class Bus:
         for event in batch:
             subject = self.topology.event_subject(event.type, event.key)
             with telemetry.publish_span(subject, None, message_id=event.id, tracer=self.tracer):
-                prepared.append(self._prepare(event))
+                prepared.append((subject, *self._prepare(event)))
         try:
             acks = await asyncio.gather(
                 *(self.acks.publish(subject, body, headers) for subject, headers, body in prepared)
