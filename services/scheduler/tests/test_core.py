@@ -1046,16 +1046,18 @@ def test_digest_is_the_hash_of_the_input_parts(
     assert inp.digest() == expected  # the policy's JSON from the memo
 
 
-def test_a_view_with_another_record_keeps_every_other_field() -> None:
-    """`ClusterView.with_capacity` copies slot by slot: a field added to the view
-    must come along without touching it."""
+def test_a_patch_replaces_records_and_keeps_the_views() -> None:
+    """Views hold no capacity: a patch replaces the cluster's record in
+    `Fleet.records` and leaves every view (and the tuple of them) as it was, so no
+    memo holding views goes stale."""
     built = fleet(make_cluster("a").with_labels(region="eu").with_room(cpu="2").with_taint("gpu"))
-    view = built.by_name["a"]
+    views, view = built.views, built.by_name["a"]
     record = make_cluster("a").with_room(cpu="1").record()
-    patched = view.with_capacity(record)
-    assert patched == dataclasses.replace(view, capacity=record)
-    assert patched.capacity is record and view.capacity is not record
-    assert view.with_capacity(None) == dataclasses.replace(view, capacity=None)
+    built.patch({"a": record})
+    assert built.views is views and built.by_name["a"] is view
+    assert built.records["a"] is record and built.get("a") is record
+    built.patch({"a": None})
+    assert "a" not in built.records and built.views is views
 
 
 @given(st.lists(st.dictionaries(st.text(max_size=6), st.integers(), max_size=5), max_size=4))
