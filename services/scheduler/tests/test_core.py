@@ -14,7 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from flotilla.common import capacity
@@ -807,6 +807,35 @@ def test_a_capacity_patch_judges_again_only_what_capacity_can_change() -> None:
     assert second[1] == first[1]
     assert patched.verdicts("k", judge, stands=stands) == second
     assert len(judged) == 2  # nothing patched since: the memo answers
+    # The patch changed no verdict: the memo's own objects come back (so the
+    # rejections' mark is known without a pass over them).
+    assert second[0] is first[0] and second[1] is first[1]
+    assert patched.verdicts_mark("k", second[1]) == patched.rejections_mark(second[1])
+
+
+def test_a_patch_that_words_a_rejection_alike_keeps_the_memos_objects() -> None:
+    """A cluster judged again whose verdict reads as before (a new but equal
+    `Verdict`) leaves the memo's rejections as they were, the very objects; one
+    whose words change gets a new rejections dict."""
+    clusters = [make_cluster("a"), make_cluster("b")]
+    patched = fleet(*clusters)
+    words = {"a": "full", "b": "full"}
+
+    def judge(views: Sequence[ClusterView]) -> tuple[list[ClusterView], Rejections]:
+        rejections = {v.name: Verdict(Code.UNSCHEDULABLE, "capacity", words[v.name]) for v in views}
+        return [], rejections
+
+    first = patched.verdicts("k", judge)
+    records = {c.name: c.record() for c in clusters}
+    patched.patch({"a": records["a"], "b": records["b"]})
+    second = patched.verdicts("k", judge)
+    assert second[1] is first[1]
+    words["b"] = "fuller"
+    patched.patch({"b": records["b"]})
+    third = patched.verdicts("k", judge)
+    assert third[1] is not first[1] and list(third[1]) == ["a", "b"]
+    assert third[1]["a"] is first[1]["a"] and third[1]["b"].reason == "fuller"
+    assert first[1]["b"].reason == "full"  # the memo's earlier dict is not changed
 
 
 @pytest.mark.parametrize("width", [1, 9])
@@ -905,10 +934,10 @@ def test_every_patch_leaves_the_memos_as_a_fresh_fleet_would_fill_them(
     data: st.DataObject,
 ) -> None:
     """After every patch, what the memoised filters pass and reject is what a fresh
-    fleet computes: the same views (patched records included: scores read them), the
-    same rejections in the same order. Small reservations mostly leave every verdict
-    as it was (the memo is updated cluster by cluster); large ones move clusters
-    between passing and rejected (the memo is rebuilt). Only some objects are decided
+    fleet computes: the same views, the same rejections in the same order. Small
+    reservations mostly leave every verdict as it was (the memo is updated cluster
+    by cluster); large ones move clusters between passing and rejected (the memo is
+    rebuilt). Only some objects are decided
     after each patch, so memos filled together fall behind by different numbers of
     patches (what the fleet remembers as stale per epoch must follow every patch)."""
     objects = [*patch_test_objects(replicas), make_pod()]
@@ -1044,6 +1073,71 @@ def test_digest_is_the_hash_of_the_input_parts(
     expected = hashlib.sha256("\x1e".join(parts).encode()).hexdigest()
     assert inp.digest() == expected
     assert inp.digest() == expected  # the policy's JSON from the memo
+
+
+AMOUNTS = st.dictionaries(st.sampled_from(["cpu", "memory", "pods", "gpu"]), st.integers(-5, 40))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    records=st.lists(
+        st.tuples(AMOUNTS, AMOUNTS, st.lists(AMOUNTS, max_size=3)), min_size=1, max_size=6
+    ),
+    shapes=st.lists(
+        st.dictionaries(st.sampled_from(["cpu", "memory", "pods", "gpu"]), st.integers(0, 7)),
+        min_size=1,
+        max_size=3,
+    ),
+    patches=st.lists(st.tuples(st.integers(0, 5), AMOUNTS), max_size=4),
+)
+@example(  # a resource reserved below zero that the record does not offer: no room
+    records=[({"cpu": 10, "pods": 10}, {"gpu": -4}, [])],
+    shapes=[{"cpu": 1, "gpu": 1}],
+    patches=[(0, {"gpu": -2})],
+)
+def test_fleet_fits_follow_the_fit_rule_through_patches(
+    records: list[tuple[dict[str, int], dict[str, int], list[dict[str, int]]]],
+    shapes: list[dict[str, int]],
+    patches: list[tuple[int, dict[str, int]]],
+) -> None:
+    """`Fleet.fits` (computed a column at a time, node-level half remembered) is
+    ``ClusterCapacity.fit_replicas`` for every cluster with a record, before and
+    after patches of the reservations: resources reserved that are not available,
+    negative amounts, records without nodes and shapes asking for nothing included."""
+
+    def record(
+        name: str, available: dict[str, int], reserved: dict[str, int], nodes: list[dict[str, int]]
+    ) -> capacity.ClusterCapacity:
+        return capacity.ClusterCapacity(
+            cluster=name,
+            allocatable=available,
+            available=available,
+            reserved=reserved,
+            nodes=[
+                capacity.NodeCapacity(name=f"{name}-{i}", allocatable=free, free=free)
+                for i, free in enumerate(nodes)
+            ],
+            observed_at=NOW.timestamp(),
+        )
+
+    built = {f"c{i}": record(f"c{i}", *parts) for i, parts in enumerate(records)}
+    patched = Fleet(
+        [make_cluster(name).build() for name in built],
+        capacity.Snapshot(clusters=built, taken_at=NOW.timestamp()),
+    )
+
+    def check() -> None:
+        for shape in shapes:
+            expected = {name: r.fit_replicas(shape) for name, r in built.items()}
+            assert dict(patched.fits(shape)) == expected
+
+    check()
+    for index, reserved in patches:
+        name = f"c{index}"
+        if name in built:
+            built[name] = built[name].model_copy(update={"reserved": reserved})
+            patched.patch({name: built[name]})
+            check()
 
 
 def test_a_patch_replaces_records_and_keeps_the_views() -> None:
