@@ -47,8 +47,8 @@ import operator
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import compress, repeat
-from operator import attrgetter, contains, floordiv, is_, mul, not_, sub
+from itertools import repeat
+from operator import attrgetter, is_, mul
 from typing import Any, Generic, Protocol, TypeVar
 
 from flotilla.common import api, labels
@@ -307,42 +307,6 @@ def _count_amounts(free: Mapping[str, int], amounts: _Amounts) -> int:
     return best
 
 
-def _cluster_fits(records: Sequence[CapacityRecord], amounts: _Amounts) -> list[int]:
-    """The cluster-level half of the fit rule for each of `records`: per resource,
-    ``max(headroom, 0) // amount``, the least of them (`UNBOUNDED` for a shape of
-    no positive amount), where headroom is ``available`` minus ``reserved``
-    (`CapacityRecord.headroom`; a resource the record does not report has none).
-
-    Written as C-level passes over the records, a resource at a time, instead of a
-    Python loop per record: `Fleet.fits` runs it over most of the fleet for every
-    shape decided after a copy object's claim."""
-    column: Iterable[int] = repeat(UNBOUNDED, len(records))
-    available = list(map(_AVAILABLE, records))
-    reserved = list(map(_RESERVED, records))
-    lacking: list[int] = []
-    for resource, amount in amounts:
-        have = map(
-            sub,
-            map(dict.get, available, repeat(resource), repeat(0)),
-            map(dict.get, reserved, repeat(resource), repeat(0)),
-        )
-        column = map(min, column, map(floordiv, map(max, have, repeat(0)), repeat(amount)))
-        if not all(map(contains, available, repeat(resource))):
-            # No headroom at all where `available` lacks the resource, whatever
-            # `reserved` says of it.
-            lacking += compress(
-                range(len(records)), map(not_, map(contains, available, repeat(resource)))
-            )
-    fits = list(column)
-    for at in lacking:
-        fits[at] = 0
-    return fits
-
-
-_AVAILABLE = attrgetter("available")
-_RESERVED = attrgetter("reserved")
-
-
 def whole_sets(record: CapacityRecord, components: Sequence[Component]) -> int:
     """How many complete sets of ``components`` fit on one cluster (0 when none does).
 
@@ -436,6 +400,7 @@ class Fleet:
         self._node_fits: dict[RequestsKey, dict[str, tuple[object, int]]] = {}
         """Shape → cluster → (its record's node list, the node-level fit): per shape
         first, so that the shape (a tuple of pairs) is hashed once per `fits` call."""
+        self._headroom: dict[str, tuple[CapacityRecord, Mapping[str, int]]] = {}
         self._sets: dict[str, tuple[int, dict[str, int]]] = {}
         self._placements: dict[tuple[str, int | None, PlacementState], ClusterPlacement] = {}
         self._placement_lines: dict[tuple[str, int | None, PlacementState], str] = {}
@@ -699,32 +664,45 @@ class Fleet:
 
         The fit rule of ``ClusterCapacity.fit_replicas``, with its node-level half
         remembered per record's node list: a patch that only changed a cluster's
-        reservations recomputes the cluster-level half alone. After a copy object's
-        claim (most of the fleet patched) every shape decided next recomputes most
-        clusters, so that half is computed a column at a time (`_cluster_fits`)."""
+        reservations recomputes the cluster-level half alone. (One loop, no call per
+        cluster: a copy object's claims patch every cluster, and every shape decided
+        next recomputes them all.)"""
         key = requests_key(per_replica)
         entry = self._fits.get(key)
         if entry is not None and entry[0] == self.epoch:
             return entry[1]
-        records = self.records
         if entry is None:
-            names = [v.name for v in self.views if v.name in records]
+            views: Iterable[ClusterView] = self.views
             values: dict[str, int] = {}
         else:
+            views = self._stale(entry[0])
             values = dict(entry[1])
-            names = []
-            for view in self._stale(entry[0]):
-                if view.name in records:
-                    names.append(view.name)
-                else:
-                    values.pop(view.name, None)
         amounts = tuple((r, amount) for r, amount in _shape(per_replica).items() if amount > 0)
-        found = list(map(records.__getitem__, names))
-        cluster_level = _cluster_fits(found, amounts)
+        records = self.records
+        headroom = self._headroom
         node_fits = self._node_fits.get(key)
         if node_fits is None:
             node_fits = _bounded(self._node_fits)[key] = {}
-        for name, record, fit in zip(names, found, cluster_level, strict=True):
+        for view in views:
+            name = view.name
+            record = records.get(name)
+            if record is None:
+                values.pop(name, None)
+                continue
+            room = headroom.get(name)
+            if room is None or room[0] is not record:
+                # Once per record, not per shape: `headroom` builds a new dict every call.
+                room = headroom[name] = (record, record.headroom)
+            free = room[1]
+            fit = UNBOUNDED
+            for resource, amount in amounts:
+                have = free.get(resource, 0)
+                if have <= 0:
+                    fit = 0
+                    break
+                count = have // amount
+                if count < fit:
+                    fit = count
             nodes = record.nodes
             if nodes and fit:
                 remembered = node_fits.get(name)
