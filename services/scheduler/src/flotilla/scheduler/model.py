@@ -47,7 +47,7 @@ import operator
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import repeat
+from itertools import compress, repeat
 from operator import attrgetter, is_, mul
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -390,7 +390,8 @@ class Fleet:
         self.fingerprint = self._fingerprint()
         self.epoch = 0
         """Bumped by every `patch`; memos remember the epoch they were filled at."""
-        self._changed_at: dict[str, int] = {}
+        self._changed_at: dict[str, int] = dict.fromkeys(self.by_name, 0)
+        """Cluster → the epoch of the last patch that changed it (0: none did)."""
         self._stale_since: dict[int, list[ClusterView]] = {}
         """Epoch → `_stale` of it at the current epoch (emptied by every patch)."""
         self._recent: list[list[str]] = []
@@ -400,14 +401,15 @@ class Fleet:
         self._node_fits: dict[RequestsKey, dict[str, tuple[object, int]]] = {}
         """Shape → cluster → (its record's node list, the node-level fit): per shape
         first, so that the shape (a tuple of pairs) is hashed once per `fits` call."""
-        self._headroom: dict[str, tuple[CapacityRecord, Mapping[str, int]]] = {}
         self._sets: dict[str, tuple[int, dict[str, int]]] = {}
         self._placements: dict[tuple[str, int | None, PlacementState], ClusterPlacement] = {}
         self._placement_lines: dict[tuple[str, int | None, PlacementState], str] = {}
         self._policies: dict[int, tuple[api.PlacementPolicySpec, str, str]] = {}
         self._selectors: dict[int, tuple[api.LabelSelector, str]] = {}
-        self._verdicts: dict[Hashable, tuple[int, list[ClusterView], Rejections]] = {}
-        """Key → (epoch, passing, rejections)."""
+        self._verdicts: dict[
+            Hashable, tuple[int, list[ClusterView], Rejections, frozenset[str]]
+        ] = {}
+        """Key → (epoch, passing, rejections, the rejected names whose rejection stands)."""
         self.memo: dict[Hashable, Any] = {}
         """Per-fleet results other modules compute that do not read capacity."""
 
@@ -497,8 +499,10 @@ class Fleet:
         # Many names (a copy object's claim patches most of the fleet, and a memo
         # behind one or more of those would union them all): one pass over the
         # fleet, already in name order.
-        changed_at = self._changed_at
-        return [v for v in self.views if changed_at.get(v.name, 0) > epoch]
+        # (C-level passes: the views are fixed for the fleet's lifetime, in the
+        # order `_changed_at` was filled in.)
+        since = map(epoch.__lt__, self._changed_at.values())
+        return list(compress(self.views, since))
 
     def verdicts(
         self,
@@ -517,27 +521,34 @@ class Fleet:
         whose rejection `stands` (it did not read capacity, the only thing a patch
         changes). `again`, when given, judges those instead of `judge`: it may skip
         what cannot have changed for a cluster that passed, or whose rejection did
-        not stand. Rejections are kept in a canonical order (by unit, then cluster
-        name) so that a patched fleet and a fresh one list them alike.
+        not stand. (`stands` must depend on the verdict alone: which rejections
+        stand is remembered with the memo.) Rejections are kept in a canonical
+        order (by unit, then cluster name) so that a patched fleet and a fresh one
+        list them alike.
         """
         entry = self._verdicts.get(key)
         if entry is None:
-            return self._remember_verdicts(key, judge(self.views)[1])
-        epoch, passing, rejections = entry
+            return self._remember_verdicts(key, judge(self.views)[1], stands)
+        epoch, passing, rejections, standing = entry
         stale = self._stale(epoch)
-        if stale and stands is not None:
-            stale = [v for v in stale if v.name not in rejections or not stands(rejections[v.name])]
+        if stale and standing:
+            stale = [v for v in stale if v.name not in standing]
         if not stale:
             if epoch != self.epoch:
-                self._verdicts[key] = (self.epoch, passing, rejections)
+                self._verdicts[key] = (self.epoch, passing, rejections, standing)
             return passing, rejections
         _, rejected = (again or judge)(stale)
         # Usually a patch changes no verdict (a cluster with room keeps passing, one
         # without keeps the same words): then the memo's own objects are returned
         # again (`verdicts_mark` then knows their mark without a pass), and views
-        # carry no capacity, so the passing list holds no stale view.
+        # carry no capacity, so the passing list holds no stale view. Nothing
+        # rejected now, and nothing judged again rejected before, is that at once.
+        if not rejected and rejections.keys().isdisjoint(map(_NAME, stale)):
+            self._verdicts[key] = (self.epoch, passing, rejections, standing)
+            return passing, rejections
         updated: Rejections | None = None
         moved = False
+        reworded: list[str] = []
         for view in stale:
             name = view.name
             before = rejections.get(name)
@@ -556,22 +567,32 @@ class Fleet:
                 del updated[name]
             else:
                 updated[name] = after  # the same unit: the same place in the order
+                reworded.append(name)
         if updated is None:
-            self._verdicts[key] = (self.epoch, passing, rejections)
+            self._verdicts[key] = (self.epoch, passing, rejections, standing)
             return passing, rejections
         if moved:
-            return self._remember_verdicts(key, updated)
-        self._verdicts[key] = (self.epoch, passing, updated)
+            return self._remember_verdicts(key, updated, stands)
+        if stands is not None:
+            # The reworded clusters were judged again: none of them stood before.
+            standing = standing.union([n for n in reworded if stands(updated[n])])
+        self._verdicts[key] = (self.epoch, passing, updated, standing)
         return passing, updated
 
     def _remember_verdicts(
-        self, key: Hashable, rejections: Rejections
+        self, key: Hashable, rejections: Rejections, stands: Callable[[Verdict], bool] | None
     ) -> tuple[list[ClusterView], Rejections]:
         """Store verdicts in canonical form: rejections by (unit, cluster name), and
-        every other cluster passing, in fleet order."""
+        every other cluster passing, in fleet order; and the names of the rejected
+        clusters whose rejection `stands` (never judged again after a patch)."""
         rejections = dict(sorted(rejections.items(), key=lambda item: (item[1].unit, item[0])))
         passing = [v for v in self.views if v.name not in rejections]
-        _bounded(self._verdicts)[key] = (self.epoch, passing, rejections)
+        standing = (
+            frozenset(name for name, verdict in rejections.items() if stands(verdict))
+            if stands is not None
+            else frozenset()
+        )
+        _bounded(self._verdicts)[key] = (self.epoch, passing, rejections, standing)
         return passing, rejections
 
     def placement(
@@ -679,7 +700,6 @@ class Fleet:
             values = dict(entry[1])
         amounts = tuple((r, amount) for r, amount in _shape(per_replica).items() if amount > 0)
         records = self.records
-        headroom = self._headroom
         node_fits = self._node_fits.get(key)
         if node_fits is None:
             node_fits = _bounded(self._node_fits)[key] = {}
@@ -689,14 +709,16 @@ class Fleet:
             if record is None:
                 values.pop(name, None)
                 continue
-            room = headroom.get(name)
-            if room is None or room[0] is not record:
-                # Once per record, not per shape: `headroom` builds a new dict every call.
-                room = headroom[name] = (record, record.headroom)
-            free = room[1]
+            # The record's `headroom` a resource at a time (available minus reserved;
+            # none where nothing is available), without building it as a dict.
+            available, reserved = record.available, record.reserved
             fit = UNBOUNDED
             for resource, amount in amounts:
-                have = free.get(resource, 0)
+                have = available.get(resource)
+                if have is None:
+                    fit = 0
+                    break
+                have -= reserved.get(resource, 0)
                 if have <= 0:
                     fit = 0
                     break
@@ -812,6 +834,7 @@ class Fleet:
 
 
 _MARK = attrgetter("mark")
+_NAME = attrgetter("name")
 
 RECENT_PATCHES = 32
 """Patches a fleet remembers the names of (`Fleet._stale`); older memos scan the fleet."""
