@@ -95,7 +95,7 @@ class Filter:
     object's uid). The core then runs it once per fleet and key for every cluster and
     reuses the verdicts; clusters that hold the object are always checked afresh."""
     reads_capacity: bool = False
-    """Set when the check reads capacity (``ctx.fits``, a view's record). A fleet's
+    """Set when the check reads capacity (``ctx.fits``, ``Fleet.records``). A fleet's
     clusters are fixed and only their capacity is patched, so after a patch the
     memoised verdicts of filters that do not read it stand: only clusters that
     passed, or that a capacity-reading filter rejected, are judged again."""
