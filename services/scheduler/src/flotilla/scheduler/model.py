@@ -354,9 +354,9 @@ class Fleet:
     `patch` replaces the capacity records of a few clusters in place (a service
     applying its own claims, or re-reading a cluster that refused one): only those
     clusters' records and fingerprint parts are replaced (views hold no capacity,
-    so they stay), and every memo that reads
-    capacity (fits per shape, the core's filter verdicts) recomputes just the
-    clusters changed since it was filled, the next time it is read. A patched
+    so they stay), and every memo that reads capacity (fits per shape, the core's
+    filter verdicts) recomputes just the clusters changed since it was filled, the
+    next time it is read. A patched
     fleet decides exactly as a fleet built fresh from the same clusters and
     records would, ``decision_id`` included. It is not safe to share between
     threads (the scheduler service is one asyncio loop).
