@@ -813,6 +813,44 @@ def test_a_capacity_patch_judges_again_only_what_capacity_can_change() -> None:
     assert patched.verdicts_mark("k", second[1]) == patched.rejections_mark(second[1])
 
 
+def test_which_rejections_stand_is_remembered_with_the_memo() -> None:
+    """`stands` is asked once per rejection when the memo is filled (and for a
+    reworded one when it is judged again), not for every stale cluster after
+    every patch; a rejection that stands is never judged again."""
+    clusters = [make_cluster("a").cordoned(), make_cluster("b"), make_cluster("c")]
+    patched = fleet(*clusters)
+    asked: list[str] = []
+    judged: list[list[str]] = []
+    words = {"c": "full"}
+
+    def judge(views: Sequence[ClusterView]) -> tuple[list[ClusterView], Rejections]:
+        judged.append([v.name for v in views])
+        rejections: Rejections = {}
+        for v in views:
+            if v.name == "a":
+                rejections[v.name] = Verdict(Code.UNSCHEDULABLE, "cordon", "cordoned")
+            elif v.name == "c":
+                rejections[v.name] = Verdict(Code.UNSCHEDULABLE, "capacity", words["c"])
+        return [v for v in views if v.name not in rejections], rejections
+
+    def stands(verdict: Verdict) -> bool:
+        asked.append(verdict.unit)
+        return verdict.unit != "capacity"
+
+    patched.verdicts("k", judge, stands=stands)
+    assert sorted(asked) == ["capacity", "cordon"]
+    records = {c.name: c.record() for c in clusters}
+    for _ in range(3):
+        patched.patch({name: r for name, r in records.items() if r is not None})
+        patched.verdicts("k", judge, stands=stands)
+    assert sorted(asked) == ["capacity", "cordon"]  # nothing asked again
+    assert judged[1:] == [["b", "c"]] * 3  # "a" stands: never judged again
+    words["c"] = "fuller"
+    patched.patch({"c": records["c"]})
+    _, rejections = patched.verdicts("k", judge, stands=stands)
+    assert rejections["c"].reason == "fuller" and asked[-1] == "capacity"
+
+
 def test_a_patch_that_words_a_rejection_alike_keeps_the_memos_objects() -> None:
     """A cluster judged again whose verdict reads as before (a new but equal
     `Verdict`) leaves the memo's rejections as they were, the very objects; one
