@@ -14,7 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from flotilla.common import capacity
@@ -807,6 +807,73 @@ def test_a_capacity_patch_judges_again_only_what_capacity_can_change() -> None:
     assert second[1] == first[1]
     assert patched.verdicts("k", judge, stands=stands) == second
     assert len(judged) == 2  # nothing patched since: the memo answers
+    # The patch changed no verdict: the memo's own objects come back (so the
+    # rejections' mark is known without a pass over them).
+    assert second[0] is first[0] and second[1] is first[1]
+    assert patched.verdicts_mark("k", second[1]) == patched.rejections_mark(second[1])
+
+
+def test_which_rejections_stand_is_remembered_with_the_memo() -> None:
+    """`stands` is asked once per rejection when the memo is filled (and for a
+    reworded one when it is judged again), not for every stale cluster after
+    every patch; a rejection that stands is never judged again."""
+    clusters = [make_cluster("a").cordoned(), make_cluster("b"), make_cluster("c")]
+    patched = fleet(*clusters)
+    asked: list[str] = []
+    judged: list[list[str]] = []
+    words = {"c": "full"}
+
+    def judge(views: Sequence[ClusterView]) -> tuple[list[ClusterView], Rejections]:
+        judged.append([v.name for v in views])
+        rejections: Rejections = {}
+        for v in views:
+            if v.name == "a":
+                rejections[v.name] = Verdict(Code.UNSCHEDULABLE, "cordon", "cordoned")
+            elif v.name == "c":
+                rejections[v.name] = Verdict(Code.UNSCHEDULABLE, "capacity", words["c"])
+        return [v for v in views if v.name not in rejections], rejections
+
+    def stands(verdict: Verdict) -> bool:
+        asked.append(verdict.unit)
+        return verdict.unit != "capacity"
+
+    patched.verdicts("k", judge, stands=stands)
+    assert sorted(asked) == ["capacity", "cordon"]
+    records = {c.name: c.record() for c in clusters}
+    for _ in range(3):
+        patched.patch({name: r for name, r in records.items() if r is not None})
+        patched.verdicts("k", judge, stands=stands)
+    assert sorted(asked) == ["capacity", "cordon"]  # nothing asked again
+    assert judged[1:] == [["b", "c"]] * 3  # "a" stands: never judged again
+    words["c"] = "fuller"
+    patched.patch({"c": records["c"]})
+    _, rejections = patched.verdicts("k", judge, stands=stands)
+    assert rejections["c"].reason == "fuller" and asked[-1] == "capacity"
+
+
+def test_a_patch_that_words_a_rejection_alike_keeps_the_memos_objects() -> None:
+    """A cluster judged again whose verdict reads as before (a new but equal
+    `Verdict`) leaves the memo's rejections as they were, the very objects; one
+    whose words change gets a new rejections dict."""
+    clusters = [make_cluster("a"), make_cluster("b")]
+    patched = fleet(*clusters)
+    words = {"a": "full", "b": "full"}
+
+    def judge(views: Sequence[ClusterView]) -> tuple[list[ClusterView], Rejections]:
+        rejections = {v.name: Verdict(Code.UNSCHEDULABLE, "capacity", words[v.name]) for v in views}
+        return [], rejections
+
+    first = patched.verdicts("k", judge)
+    records = {c.name: c.record() for c in clusters}
+    patched.patch({"a": records["a"], "b": records["b"]})
+    second = patched.verdicts("k", judge)
+    assert second[1] is first[1]
+    words["b"] = "fuller"
+    patched.patch({"b": records["b"]})
+    third = patched.verdicts("k", judge)
+    assert third[1] is not first[1] and list(third[1]) == ["a", "b"]
+    assert third[1]["a"] is first[1]["a"] and third[1]["b"].reason == "fuller"
+    assert first[1]["b"].reason == "full"  # the memo's earlier dict is not changed
 
 
 @pytest.mark.parametrize("width", [1, 9])
@@ -905,10 +972,10 @@ def test_every_patch_leaves_the_memos_as_a_fresh_fleet_would_fill_them(
     data: st.DataObject,
 ) -> None:
     """After every patch, what the memoised filters pass and reject is what a fresh
-    fleet computes: the same views (patched records included: scores read them), the
-    same rejections in the same order. Small reservations mostly leave every verdict
-    as it was (the memo is updated cluster by cluster); large ones move clusters
-    between passing and rejected (the memo is rebuilt). Only some objects are decided
+    fleet computes: the same views, the same rejections in the same order. Small
+    reservations mostly leave every verdict as it was (the memo is updated cluster
+    by cluster); large ones move clusters between passing and rejected (the memo is
+    rebuilt). Only some objects are decided
     after each patch, so memos filled together fall behind by different numbers of
     patches (what the fleet remembers as stale per epoch must follow every patch)."""
     objects = [*patch_test_objects(replicas), make_pod()]
@@ -1046,16 +1113,83 @@ def test_digest_is_the_hash_of_the_input_parts(
     assert inp.digest() == expected  # the policy's JSON from the memo
 
 
-def test_a_view_with_another_record_keeps_every_other_field() -> None:
-    """`ClusterView.with_capacity` copies slot by slot: a field added to the view
-    must come along without touching it."""
+AMOUNTS = st.dictionaries(st.sampled_from(["cpu", "memory", "pods", "gpu"]), st.integers(-5, 40))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    records=st.lists(
+        st.tuples(AMOUNTS, AMOUNTS, st.lists(AMOUNTS, max_size=3)), min_size=1, max_size=6
+    ),
+    shapes=st.lists(
+        st.dictionaries(st.sampled_from(["cpu", "memory", "pods", "gpu"]), st.integers(0, 7)),
+        min_size=1,
+        max_size=3,
+    ),
+    patches=st.lists(st.tuples(st.integers(0, 5), AMOUNTS), max_size=4),
+)
+@example(  # a resource reserved below zero that the record does not offer: no room
+    records=[({"cpu": 10, "pods": 10}, {"gpu": -4}, [])],
+    shapes=[{"cpu": 1, "gpu": 1}],
+    patches=[(0, {"gpu": -2})],
+)
+def test_fleet_fits_follow_the_fit_rule_through_patches(
+    records: list[tuple[dict[str, int], dict[str, int], list[dict[str, int]]]],
+    shapes: list[dict[str, int]],
+    patches: list[tuple[int, dict[str, int]]],
+) -> None:
+    """`Fleet.fits` (computed a column at a time, node-level half remembered) is
+    ``ClusterCapacity.fit_replicas`` for every cluster with a record, before and
+    after patches of the reservations: resources reserved that are not available,
+    negative amounts, records without nodes and shapes asking for nothing included."""
+
+    def record(
+        name: str, available: dict[str, int], reserved: dict[str, int], nodes: list[dict[str, int]]
+    ) -> capacity.ClusterCapacity:
+        return capacity.ClusterCapacity(
+            cluster=name,
+            allocatable=available,
+            available=available,
+            reserved=reserved,
+            nodes=[
+                capacity.NodeCapacity(name=f"{name}-{i}", allocatable=free, free=free)
+                for i, free in enumerate(nodes)
+            ],
+            observed_at=NOW.timestamp(),
+        )
+
+    built = {f"c{i}": record(f"c{i}", *parts) for i, parts in enumerate(records)}
+    patched = Fleet(
+        [make_cluster(name).build() for name in built],
+        capacity.Snapshot(clusters=built, taken_at=NOW.timestamp()),
+    )
+
+    def check() -> None:
+        for shape in shapes:
+            expected = {name: r.fit_replicas(shape) for name, r in built.items()}
+            assert dict(patched.fits(shape)) == expected
+
+    check()
+    for index, reserved in patches:
+        name = f"c{index}"
+        if name in built:
+            built[name] = built[name].model_copy(update={"reserved": reserved})
+            patched.patch({name: built[name]})
+            check()
+
+
+def test_a_patch_replaces_records_and_keeps_the_views() -> None:
+    """Views hold no capacity: a patch replaces the cluster's record in
+    `Fleet.records` and leaves every view (and the tuple of them) as it was, so no
+    memo holding views goes stale."""
     built = fleet(make_cluster("a").with_labels(region="eu").with_room(cpu="2").with_taint("gpu"))
-    view = built.by_name["a"]
+    views, view = built.views, built.by_name["a"]
     record = make_cluster("a").with_room(cpu="1").record()
-    patched = view.with_capacity(record)
-    assert patched == dataclasses.replace(view, capacity=record)
-    assert patched.capacity is record and view.capacity is not record
-    assert view.with_capacity(None) == dataclasses.replace(view, capacity=None)
+    built.patch({"a": record})
+    assert built.views is views and built.by_name["a"] is view
+    assert built.records["a"] is record and built.get("a") is record
+    built.patch({"a": None})
+    assert "a" not in built.records and built.views is views
 
 
 @given(st.lists(st.dictionaries(st.text(max_size=6), st.integers(), max_size=5), max_size=4))

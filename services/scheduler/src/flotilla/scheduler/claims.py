@@ -136,17 +136,28 @@ def plan(
     was = held_for if held_for is not None else analyzed
     requests = dict(analyzed.requests)
     claims: list[Claim] = []
+    # Grouped by cluster as they are made: a copy object claims on every eligible
+    # cluster, and scanning every claim per touched cluster made a plan quadratic
+    # in the fleet.
+    claimed: dict[str, list[Claim]] = {}
     for placement in chosen:
         if placement.state is not ACTIVE:
             continue
-        old = before.get(placement.cluster)
+        cluster = placement.cluster
+        old = before.get(cluster)
         if old is not None and (old.replicas or 0) == (placement.replicas or 0):
             continue
-        claims.extend(shapes(key, analyzed, placement, requests))
+        made = shapes(key, analyzed, placement, requests)
+        if made:
+            claims += made
+            if cluster in claimed:
+                claimed[cluster] += made
+            else:
+                claimed[cluster] = made
     kept = {p.cluster for p in chosen}
     left = list(dict.fromkeys(p.cluster for p in previous if p.cluster not in kept))
     releases = [(cluster, rid) for cluster in left for rid in reservation_ids(key, analyzed)]
-    touched = list(dict.fromkeys([c.cluster for c in claims] + left))
+    touched = list(dict.fromkeys([*claimed, *left])) if left else list(claimed)
     held_requests = dict(was.requests)
     undo_claims = [
         c
@@ -154,10 +165,10 @@ def plan(
         if name in before
         for c in shapes(key, was, before[name], held_requests)
     ]
-    undo_releases = [(c.cluster, c.reservation_id) for c in claims if c.cluster not in before]
-    # Grouped once: a copy object claims on every eligible cluster, and scanning every
-    # claim per touched cluster made a plan quadratic in the fleet.
-    claimed = _by_cluster(claims)
+    if before:
+        undo_releases = [(c.cluster, c.reservation_id) for c in claims if c.cluster not in before]
+    else:
+        undo_releases = [(c.cluster, c.reservation_id) for c in claims]
     held_before = _by_cluster(undo_claims)
     known: dict[tuple[int, int], Requests] = {}
     delta: dict[str, Requests] = {}

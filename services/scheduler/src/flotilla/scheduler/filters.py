@@ -60,6 +60,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter
 
 from flotilla.common import quantity
 from flotilla.common.api import Taint as ClusterTaint
@@ -79,6 +81,8 @@ from flotilla.scheduler.model import (
 
 Check = Callable[[Context, Sequence[ClusterView]], Rejections]
 
+_NAME = attrgetter("name")
+
 
 @dataclass(frozen=True, slots=True)
 class Filter:
@@ -91,7 +95,7 @@ class Filter:
     object's uid). The core then runs it once per fleet and key for every cluster and
     reuses the verdicts; clusters that hold the object are always checked afresh."""
     reads_capacity: bool = False
-    """Set when the check reads capacity (``ctx.fits``, a view's record). A fleet's
+    """Set when the check reads capacity (``ctx.fits``, ``Fleet.records``). A fleet's
     clusters are fixed and only their capacity is patched, so after a patch the
     memoised verdicts of filters that do not read it stand: only clusters that
     passed, or that a capacity-reading filter rejected, are judged again."""
@@ -256,6 +260,11 @@ def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Rejections:
         return {}
     held = ctx.held
     fits = ctx.fits
+    # Usually every candidate has a record and room: told by C-level passes (the
+    # memoised verdicts judge most of the fleet again after a copy object's claim),
+    # the loop below only when some cluster lacks either (no record reads as -1).
+    if not held and min(map(fits.get, map(_NAME, candidates), repeat(-1)), default=1) >= required:
+        return {}
     rejected: Rejections = {}
     shape = ""  # described once, and only when some cluster lacks room
     for c in candidates:

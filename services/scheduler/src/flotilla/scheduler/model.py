@@ -47,7 +47,7 @@ import operator
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import repeat
+from itertools import compress, repeat
 from operator import attrgetter, is_, mul
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -235,7 +235,11 @@ Rejections = dict[str, Verdict]
 
 @dataclass(frozen=True, slots=True)
 class ClusterView:
-    """The facts about one cluster that decisions read, taken once per snapshot."""
+    """The facts about one cluster that decisions read, fixed for a fleet's lifetime.
+
+    Its capacity record is not among them: records are patched while the cluster
+    objects are not, so the record lives in `Fleet.records` and a view never has to
+    be rebuilt (nor a memo holding views updated) when a claim changes capacity."""
 
     name: str
     labels: Mapping[str, str]
@@ -246,14 +250,13 @@ class ClusterView:
     """Why the cluster is not Ready (empty when it is)."""
     api_resources: frozenset[GroupVersionKind]
     """Empty when the cluster has not reported its API resources yet."""
-    capacity: CapacityRecord | None
     placements: int
     """Objects placed on the cluster (``status.placements``); the balance score reads it."""
     name_hash: int
     """64 bits of blake2b over the name; `Context.tiebreaks` mixes in the object's uid."""
 
     @classmethod
-    def of(cls, cluster: api.Cluster, record: CapacityRecord | None) -> ClusterView:
+    def of(cls, cluster: api.Cluster) -> ClusterView:
         ready = cluster.status.condition(api.ClusterConditionType.READY)
         if ready is None:
             not_ready = "no Ready condition reported yet"
@@ -270,26 +273,8 @@ class ClusterView:
             ready=not not_ready,
             not_ready_reason=not_ready,
             api_resources=frozenset(r.gvk for r in cluster.status.api_resources),
-            capacity=record,
             placements=cluster.status.placements,
             name_hash=hash64(cluster.metadata.name),
-        )
-
-    def with_capacity(self, record: CapacityRecord | None) -> ClusterView:
-        """The same cluster with another capacity record (what `Fleet.patch` does per
-        patched cluster, once per decision; positional, a third of
-        ``dataclasses.replace``'s cost)."""
-        return ClusterView(
-            self.name,
-            self.labels,
-            self.taints,
-            self.unschedulable,
-            self.ready,
-            self.not_ready_reason,
-            self.api_resources,
-            record,
-            self.placements,
-            self.name_hash,
         )
 
 
@@ -368,9 +353,10 @@ class Fleet:
 
     `patch` replaces the capacity records of a few clusters in place (a service
     applying its own claims, or re-reading a cluster that refused one): only those
-    clusters' views and fingerprint parts are rebuilt, and every memo that reads
-    capacity (fits per shape, the core's filter verdicts) recomputes just the
-    clusters changed since it was filled, the next time it is read. A patched
+    clusters' records and fingerprint parts are replaced (views hold no capacity,
+    so they stay), and every memo that reads capacity (fits per shape, the core's
+    filter verdicts) recomputes just the clusters changed since it was filled, the
+    next time it is read. A patched
     fleet decides exactly as a fleet built fresh from the same clusters and
     records would, ``decision_id`` included. It is not safe to share between
     threads (the scheduler service is one asyncio loop).
@@ -399,15 +385,13 @@ class Fleet:
             if record is not None:
                 self.records[name] = record
             self._parts[name] = self._part(name, record)
-        self.views: tuple[ClusterView, ...] = tuple(
-            ClusterView.of(c, self.records.get(c.metadata.name)) for c in self.clusters
-        )
+        self.views: tuple[ClusterView, ...] = tuple(ClusterView.of(c) for c in self.clusters)
         self.by_name: dict[str, ClusterView] = {v.name: v for v in self.views}
-        self._position = {v.name: i for i, v in enumerate(self.views)}
         self.fingerprint = self._fingerprint()
         self.epoch = 0
         """Bumped by every `patch`; memos remember the epoch they were filled at."""
-        self._changed_at: dict[str, int] = {}
+        self._changed_at: dict[str, int] = dict.fromkeys(self.by_name, 0)
+        """Cluster → the epoch of the last patch that changed it (0: none did)."""
         self._stale_since: dict[int, list[ClusterView]] = {}
         """Epoch → `_stale` of it at the current epoch (emptied by every patch)."""
         self._recent: list[list[str]] = []
@@ -417,16 +401,15 @@ class Fleet:
         self._node_fits: dict[RequestsKey, dict[str, tuple[object, int]]] = {}
         """Shape → cluster → (its record's node list, the node-level fit): per shape
         first, so that the shape (a tuple of pairs) is hashed once per `fits` call."""
-        self._headroom: dict[str, tuple[CapacityRecord, Mapping[str, int]]] = {}
         self._sets: dict[str, tuple[int, dict[str, int]]] = {}
         self._placements: dict[tuple[str, int | None, PlacementState], ClusterPlacement] = {}
         self._placement_lines: dict[tuple[str, int | None, PlacementState], str] = {}
         self._policies: dict[int, tuple[api.PlacementPolicySpec, str, str]] = {}
         self._selectors: dict[int, tuple[api.LabelSelector, str]] = {}
         self._verdicts: dict[
-            Hashable, tuple[int, list[ClusterView], Rejections, dict[str, int]]
+            Hashable, tuple[int, list[ClusterView], Rejections, frozenset[str]]
         ] = {}
-        """Key → (epoch, passing, rejections, each passing cluster's position)."""
+        """Key → (epoch, passing, rejections, the rejected names whose rejection stands)."""
         self.memo: dict[Hashable, Any] = {}
         """Per-fleet results other modules compute that do not read capacity."""
 
@@ -478,10 +461,8 @@ class Fleet:
             return
         self.epoch = epoch = self.epoch + 1
         self._stale_since.clear()
-        views = list(self.views)
         # Names bound once: a copy object's claim patches most of the fleet.
-        own, parts, part = self.records, self._parts, self._part
-        by_name, position, changed_at = self.by_name, self._position, self._changed_at
+        own, parts, part, changed_at = self.records, self._parts, self._part, self._changed_at
         for name in changed:
             record = records[name]
             if record is None:
@@ -489,10 +470,7 @@ class Fleet:
             else:
                 own[name] = record
             parts[name] = part(name, record)
-            view = by_name[name].with_capacity(record)
-            views[position[name]] = by_name[name] = view
             changed_at[name] = epoch
-        self.views = tuple(views)
         self.fingerprint = self._fingerprint()
         self._recent.append(changed)
         if len(self._recent) > RECENT_PATCHES:
@@ -521,8 +499,10 @@ class Fleet:
         # Many names (a copy object's claim patches most of the fleet, and a memo
         # behind one or more of those would union them all): one pass over the
         # fleet, already in name order.
-        changed_at = self._changed_at
-        return [v for v in self.views if changed_at.get(v.name, 0) > epoch]
+        # (C-level passes: the views are fixed for the fleet's lifetime, in the
+        # order `_changed_at` was filled in.)
+        since = map(epoch.__lt__, self._changed_at.values())
+        return list(compress(self.views, since))
 
     def verdicts(
         self,
@@ -541,62 +521,78 @@ class Fleet:
         whose rejection `stands` (it did not read capacity, the only thing a patch
         changes). `again`, when given, judges those instead of `judge`: it may skip
         what cannot have changed for a cluster that passed, or whose rejection did
-        not stand. Rejections are kept in a canonical order (by unit, then cluster
-        name) so that a patched fleet and a fresh one list them alike.
+        not stand. (`stands` must depend on the verdict alone: which rejections
+        stand is remembered with the memo.) Rejections are kept in a canonical
+        order (by unit, then cluster name) so that a patched fleet and a fresh one
+        list them alike.
         """
         entry = self._verdicts.get(key)
         if entry is None:
-            return self._remember_verdicts(key, judge(self.views)[1])
-        epoch, passing, rejections, index = entry
+            return self._remember_verdicts(key, judge(self.views)[1], stands)
+        epoch, passing, rejections, standing = entry
         stale = self._stale(epoch)
+        if stale and standing:
+            stale = [v for v in stale if v.name not in standing]
         if not stale:
-            return passing, rejections
-        if stands is not None:
-            stale = [v for v in stale if v.name not in rejections or not stands(rejections[v.name])]
-        if not stale:
-            self._verdicts[key] = (self.epoch, passing, rejections, index)
+            if epoch != self.epoch:
+                self._verdicts[key] = (self.epoch, passing, rejections, standing)
             return passing, rejections
         _, rejected = (again or judge)(stale)
-        # Usually a patch changes no verdict (a cluster with room keeps passing, a full
-        # one stays rejected by the same unit), and then neither the canonical order
-        # of the rejections nor which clusters pass changes: the memo is updated for
-        # the stale clusters alone instead of being sorted and rebuilt over the fleet.
-        updated = dict(rejections)
+        # Usually a patch changes no verdict (a cluster with room keeps passing, one
+        # without keeps the same words): then the memo's own objects are returned
+        # again (`verdicts_mark` then knows their mark without a pass), and views
+        # carry no capacity, so the passing list holds no stale view. Nothing
+        # rejected now, and nothing judged again rejected before, is that at once.
+        if not rejected and rejections.keys().isdisjoint(map(_NAME, stale)):
+            self._verdicts[key] = (self.epoch, passing, rejections, standing)
+            return passing, rejections
+        updated: Rejections | None = None
         moved = False
+        reworded: list[str] = []
         for view in stale:
             name = view.name
             before = rejections.get(name)
             after = rejected.get(name)
             if after is None:
-                if before is not None:
-                    del updated[name]
-                    moved = True
-            elif before is None or before.unit != after.unit:
-                updated[name] = after
+                if before is None:
+                    continue
                 moved = True
+            elif before is None or before.unit != after.unit:
+                moved = True
+            elif before == after:
+                continue
+            if updated is None:
+                updated = dict(rejections)
+            if after is None:
+                del updated[name]
             else:
-                updated[name] = after  # same key, same place in the order
+                updated[name] = after  # the same unit: the same place in the order
+                reworded.append(name)
+        if updated is None:
+            self._verdicts[key] = (self.epoch, passing, rejections, standing)
+            return passing, rejections
         if moved:
-            return self._remember_verdicts(key, updated)
-        # Only capacity changed: the passing clusters are the same, but their views
-        # carry the patched records (scores read them).
-        passing = list(passing)
-        for view in stale:
-            at = index.get(view.name)
-            if at is not None:
-                passing[at] = view
-        self._verdicts[key] = (self.epoch, passing, updated, index)
+            return self._remember_verdicts(key, updated, stands)
+        if stands is not None:
+            # The reworded clusters were judged again: none of them stood before.
+            standing = standing.union([n for n in reworded if stands(updated[n])])
+        self._verdicts[key] = (self.epoch, passing, updated, standing)
         return passing, updated
 
     def _remember_verdicts(
-        self, key: Hashable, rejections: Rejections
+        self, key: Hashable, rejections: Rejections, stands: Callable[[Verdict], bool] | None
     ) -> tuple[list[ClusterView], Rejections]:
         """Store verdicts in canonical form: rejections by (unit, cluster name), and
-        every other cluster passing, in fleet order."""
+        every other cluster passing, in fleet order; and the names of the rejected
+        clusters whose rejection `stands` (never judged again after a patch)."""
         rejections = dict(sorted(rejections.items(), key=lambda item: (item[1].unit, item[0])))
         passing = [v for v in self.views if v.name not in rejections]
-        index = {v.name: i for i, v in enumerate(passing)}
-        _bounded(self._verdicts)[key] = (self.epoch, passing, rejections, index)
+        standing = (
+            frozenset(name for name, verdict in rejections.items() if stands(verdict))
+            if stands is not None
+            else frozenset()
+        )
+        _bounded(self._verdicts)[key] = (self.epoch, passing, rejections, standing)
         return passing, rejections
 
     def placement(
@@ -703,24 +699,26 @@ class Fleet:
             views = self._stale(entry[0])
             values = dict(entry[1])
         amounts = tuple((r, amount) for r, amount in _shape(per_replica).items() if amount > 0)
-        headroom = self._headroom
+        records = self.records
         node_fits = self._node_fits.get(key)
         if node_fits is None:
             node_fits = _bounded(self._node_fits)[key] = {}
         for view in views:
             name = view.name
-            record = view.capacity
+            record = records.get(name)
             if record is None:
                 values.pop(name, None)
                 continue
-            room = headroom.get(name)
-            if room is None or room[0] is not record:
-                # Once per record, not per shape: `headroom` builds a new dict every call.
-                room = headroom[name] = (record, record.headroom)
-            free = room[1]
+            # The record's `headroom` a resource at a time (available minus reserved;
+            # none where nothing is available), without building it as a dict.
+            available, reserved = record.available, record.reserved
             fit = UNBOUNDED
             for resource, amount in amounts:
-                have = free.get(resource, 0)
+                have = available.get(resource)
+                if have is None:
+                    fit = 0
+                    break
+                have -= reserved.get(resource, 0)
                 if have <= 0:
                     fit = 0
                     break
@@ -742,9 +740,8 @@ class Fleet:
     def set_fits(self, components: Sequence[Component]) -> Mapping[str, int]:
         """Cluster → how many whole sets of ``components`` fit (see `whole_sets`)."""
 
-        def sets(view: ClusterView) -> int:
-            assert view.capacity is not None
-            return whole_sets(view.capacity, components)
+        def sets(record: CapacityRecord) -> int:
+            return whole_sets(record, components)
 
         return self._per_cluster(self._sets, components_key(components), sets)
 
@@ -752,22 +749,24 @@ class Fleet:
         self,
         memo: dict[Any, tuple[int, dict[str, int]]],
         key: Hashable,
-        compute: Callable[[ClusterView], int],
+        compute: Callable[[CapacityRecord], int],
     ) -> dict[str, int]:
         """Cluster → `compute` of it for clusters with a record, memoised under `key`
         and recomputed only for the clusters patched since."""
         entry = memo.get(key)
         if entry is not None and entry[0] == self.epoch:
             return entry[1]
+        records = self.records
         if entry is None:
-            values = {v.name: compute(v) for v in self.views if v.capacity is not None}
+            values = {v.name: compute(records[v.name]) for v in self.views if v.name in records}
         else:
             values = dict(entry[1])
             for view in self._stale(entry[0]):
-                if view.capacity is None:
+                record = records.get(view.name)
+                if record is None:
                     values.pop(view.name, None)
                 else:
-                    values[view.name] = compute(view)
+                    values[view.name] = compute(record)
         _bounded(memo)[key] = (self.epoch, values)
         return values
 
@@ -813,6 +812,8 @@ class Fleet:
         if entry is not None:
             epoch, known, total = entry
             if known is rejections:
+                if epoch != self.epoch:
+                    self._marks[key] = (self.epoch, rejections, total)
                 return total
             stale = self._stale(epoch)
             if 2 * len(stale) < len(rejections):
@@ -833,6 +834,7 @@ class Fleet:
 
 
 _MARK = attrgetter("mark")
+_NAME = attrgetter("name")
 
 RECENT_PATCHES = 32
 """Patches a fleet remembers the names of (`Fleet._stale`); older memos scan the fleet."""

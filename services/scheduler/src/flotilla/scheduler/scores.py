@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from itertools import compress, islice, repeat
 from operator import add, attrgetter, eq, mul
 
-from flotilla.scheduler.model import UNBOUNDED, ClusterView, Context, Registry
+from flotilla.scheduler.model import UNBOUNDED, CapacityRecord, ClusterView, Context, Registry
 
 ScoreFn = Callable[[Context, Sequence[ClusterView]], Sequence[float] | None]
 """Returns one value per candidate, in the candidates' order; ``None`` when the score
@@ -71,8 +71,7 @@ def stability(ctx: Context, candidates: Sequence[ClusterView]) -> Sequence[float
     return [MAX if c.name in held else 0.0 for c in candidates]
 
 
-def _free_share(view: ClusterView) -> float:
-    record = view.capacity
+def _free_share(record: CapacityRecord | None) -> float:
     if record is None:
         return 0.0
     shares = []
@@ -89,7 +88,8 @@ def capacity(ctx: Context, candidates: Sequence[ClusterView]) -> Sequence[float]
     if ctx.required == 0 or not (ctx.per_replica or ctx.components):
         # Pod slots alone rank every roomy cluster alike; a pod that asks for
         # nothing still runs best where CPU and memory are free.
-        return [MAX * min(_free_share(c), 1.0) for c in candidates]
+        records = ctx.fleet.records
+        return [MAX * min(_free_share(records.get(c.name)), 1.0) for c in candidates]
     fits = ctx.fits
     held = ctx.held
     if held:

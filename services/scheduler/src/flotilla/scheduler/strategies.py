@@ -422,13 +422,17 @@ def split(ctx: Context, ranked: Sequence[ClusterView]) -> Assignment:
             caps.append(held.get(cluster.name, 0) if room is None else room)
     else:
         # `Context.capacity_of` without a call per cluster: nothing is held, and a
-        # cluster without a record has no room. (C-level passes, as below.)
-        caps = list(map(min, map(ctx.fits.get, map(_NAME, chosen), repeat(0)), repeat(UNBOUNDED)))
+        # cluster without a record has no room. (C-level passes, as below; a fit is
+        # never above UNBOUNDED, so no ``min`` with it per cluster.)
+        caps = list(map(ctx.fits.get, map(_NAME, chosen), repeat(0)))
     if static:
         weights = [static[c.name] for c in chosen]
         basis = "weights"
     else:
-        weights = list(map(max, caps, repeat(1)))
+        # At least 1 each; usually every cap is already (the capacity filter turned
+        # down the clusters without room): then one ``min`` over them, not a ``max``
+        # call per cluster.
+        weights = list(caps) if min(caps) >= 1 else list(map(max, caps, repeat(1)))
         basis = "capacity"
     if held:
         start = [min(held.get(c.name, 0), cap) for c, cap in zip(chosen, caps, strict=True)]
