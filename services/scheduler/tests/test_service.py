@@ -36,6 +36,8 @@ from flotilla.common.rediscapacity import RedisCapacityCache
 from flotilla.common.store import Conflict
 from flotilla.common.testing import eventually
 from flotilla.common.topology import Topology
+from flotilla.scheduler import core
+from flotilla.scheduler.model import Decision, SchedulingInput
 from flotilla.scheduler.records import ClusterRecord, PlacementRecord
 from flotilla.scheduler.service import Cause, Scheduler
 
@@ -1148,3 +1150,32 @@ async def test_a_batchs_claims_go_out_in_one_redis_round_trip(
     finally:
         await close(bus, tasks)
         await cache.aclose()
+
+
+async def test_a_reschedule_decides_under_the_same_policy_object_as_the_events(
+    nats_server: NatsServer, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The core's memos are keyed by the policy object: a reschedule decides from a
+    stored record, parsed anew when another replica wrote it, and must use the
+    interned policy as events do."""
+    policies: list[object] = []
+    schedule = core.schedule
+
+    def spy(inp: SchedulingInput) -> Decision:
+        policies.append(inp.policy)
+        return schedule(inp)
+
+    monkeypatch.setattr(core, "schedule", spy)
+    async with two_replicas(nats_server, unique) as (first, second):
+        await first.cluster(small("a", "8"))
+        await first.cluster(small("b", "8"))
+        await second.scheduler.clusters_view.sync(5.0)
+        policy = make_policy().max_clusters(1)
+        web = make_deployment("web", replicas=2).governed_by(policy).build()
+        other = make_deployment("other", replicas=2).governed_by(policy).build()
+        await first.analyzed(web)
+        await second.scheduler.placements_view.sync(5.0)
+        await second.analyzed(other)
+        await second.handle(reschedule(web, "drain cluster a", avoid=["a"]))
+    assert len(policies) == 3 and policies[1] is not None
+    assert policies[2] is policies[1], "the reschedule in replica two used its own copy"

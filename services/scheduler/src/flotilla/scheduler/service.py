@@ -371,12 +371,18 @@ class Scheduler:
 
     # --- handlers --------------------------------------------------------------------
 
+    def _interned(self, analyzed: ResourceAnalyzed) -> ResourceAnalyzed:
+        """`analyzed` with its policy the one object kept for that value, so that the
+        core's memos keyed by the policy serve every decision under it (`state.Interned`)."""
+        if analyzed.policy_spec is None:
+            return analyzed
+        policy = self._policies.intern(analyzed.policy_spec)
+        if policy is analyzed.policy_spec:
+            return analyzed
+        return analyzed.model_copy(update={"policy_spec": policy})
+
     async def on_resource_analyzed(self, event: Received[ResourceAnalyzed]) -> None:
-        envelope, analyzed = event.envelope, event.payload
-        if analyzed.policy_spec is not None:
-            analyzed = analyzed.model_copy(
-                update={"policy_spec": self._policies.intern(analyzed.policy_spec)}
-            )
+        envelope, analyzed = event.envelope, self._interned(event.payload)
         metadata = analyzed.object.get("metadata") or {}
         cause = Cause(
             event_id=envelope.id,
@@ -419,7 +425,7 @@ class Scheduler:
             avoid=frozenset(command.avoid_clusters),
             fresh_after=envelope.produced_at.timestamp(),
         )
-        await self.decide(key, record.analyzed, cause, reschedule=True)
+        await self.decide(key, self._interned(record.analyzed), cause, reschedule=True)
 
     async def on_cluster_observed(self, event: Received[ClusterObserved]) -> None:
         envelope, observed = event.envelope, event.payload
