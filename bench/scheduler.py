@@ -28,8 +28,10 @@ what it decided (``complete: false``). The service runs use a fleet with room
 for them and a mix most of which places something (`make_service_object`):
 ``placed_share`` is the share of decisions that placed anything, beside
 ``cpu_ms_per_decision`` (the scheduler processes' CPU time over the run, per
-decision) and the load average. ``--profile DIR`` attaches py-spy to the first
-scheduler process for each run's timed window and writes its raw collapsed stacks
+decision) and the load average. ``--load N`` keeps N busy-looping processes running
+beside the service runs (``busy_processes`` in each result): other work on the
+machine. ``--profile DIR`` attaches py-spy to the first scheduler process for each
+run's timed window and writes its raw collapsed stacks
 to ``DIR/scheduler-CLUSTERS-PROCESSES.txt`` (named in the run's ``profile``).
 Everything (NATS, Redis, the replicas, this publisher) shares the machine's cores.
 Nothing plays the syncer, so reservations pile up for the whole run.
@@ -547,13 +549,17 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure_service(runs: list[tuple[int, int, int]], profile_dir: str | None = None) -> list[Any]:
-    """(clusters, scheduler processes, objects) per run, each on fresh names."""
+def measure_service(
+    runs: list[tuple[int, int, int]], profile_dir: str | None = None, load: int = 0
+) -> list[Any]:
+    """(clusters, scheduler processes, objects) per run, each on fresh names; `load`
+    busy-looping processes share the machine throughout (other work on the node)."""
     results = []
-    with NatsServer() as nats_server, RedisServer() as redis_server:
-        for run, (size, replicas, objects) in enumerate(runs, start=1):
-            results.append(
-                asyncio.run(
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(load)]
+    try:
+        with NatsServer() as nats_server, RedisServer() as redis_server:
+            for run, (size, replicas, objects) in enumerate(runs, start=1):
+                result = asyncio.run(
                     _service_run(
                         nats_server.url,
                         redis_server.url,
@@ -564,7 +570,11 @@ def measure_service(runs: list[tuple[int, int, int]], profile_dir: str | None = 
                         profile_dir=profile_dir,
                     )
                 )
-            )
+                results.append({**result, "busy_processes": load})
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
     return results
 
 
@@ -579,6 +589,13 @@ def main() -> None:
         help="one end-to-end service run (default: 10:1:2000, 10:2:2000, 100:1:500)",
     )
     parser.add_argument("--no-service", action="store_true", help="the pure core only")
+    parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N busy-looping processes run beside the service runs (other load)",
+    )
     parser.add_argument(
         "--profile", metavar="DIR", help="py-spy the first scheduler process of each run"
     )
@@ -617,7 +634,7 @@ def main() -> None:
                 "scheduler service end to end: publish N ResourceAnalyzed, time until N "
                 "PlacementDecided (real NATS + Redis, scheduler as OS processes)"
             ),
-            "results": measure_service(runs, args.profile),
+            "results": measure_service(runs, args.profile, args.load),
         }
     print(json.dumps(document, indent=2))
 
