@@ -6,11 +6,12 @@ import asyncio
 from typing import Any
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from flotilla.common import events, middleware
+from flotilla.common import events, middleware, telemetry
 from flotilla.common.dispatch import DeadLetter, Received
 from flotilla.common.errors import InvalidEvent, TemporaryError
 from flotilla.common.router import DuplicateHandler, Middleware, Next, Router
@@ -199,6 +200,24 @@ async def test_tracing_continues_the_trace_the_envelope_carries() -> None:
     (span,) = exporter.get_finished_spans()
     assert span.context is not None
     assert f"{span.context.trace_id:032x}" == trace_id
+
+
+async def test_without_recorded_spans_tracing_still_hands_the_carried_trace_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(telemetry, "records", lambda tracer=None: False)
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    envelope = observed().model_copy(update={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"})
+    published: list[str] = []
+
+    async def handler(event: Received[Any]) -> None:
+        published.append(telemetry.inject({})["traceparent"])
+        raise TemporaryError("again")
+
+    with pytest.raises(TemporaryError):
+        await middleware.tracing("svc")(received(envelope), handler)
+    assert published[0].startswith(f"00-{trace_id}-b7ad6b7169203331-")
+    assert not trace.get_current_span().get_span_context().is_valid  # detached again
 
 
 # --- dead letters -------------------------------------------------------------------

@@ -30,6 +30,7 @@ import logging
 from collections import OrderedDict
 from typing import Any, Protocol
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
@@ -58,6 +59,15 @@ def tracing(service: str, tracer: trace.Tracer | None = None) -> Middleware:
             and not any(name.lower() == "traceparent" for name in headers)
         ):
             headers = {**headers, "traceparent": carried}
+        if not telemetry.records(tracer):
+            # Nothing is recorded: only the context is handed on, as `process_span`
+            # would, without a context manager and a span object per message.
+            token = otel_context.attach(telemetry.incoming(headers))
+            try:
+                await following(received)
+            finally:
+                otel_context.detach(token)
+            return
         with telemetry.process_span(
             received.subject or received.type,
             headers,

@@ -230,7 +230,7 @@ def _is_sdk(thing: object, sdk: type) -> bool:
     return known
 
 
-def _records(tracer: trace.Tracer | None) -> bool:
+def records(tracer: trace.Tracer | None = None) -> bool:
     """Whether spans started with `tracer` (or the global provider's) are recorded:
     an SDK tracer, or the SDK provider `setup` installed when an exporter is
     configured. When not, the span helpers below only carry the W3C context, the
@@ -301,7 +301,7 @@ def publish_span(
 ) -> Iterator[Span]:
     """A PRODUCER span around a publish; its context is injected into `headers`
     (None: the caller injects it itself, inside the span)."""
-    if not _records(tracer):
+    if not records(tracer):
         # The current span is handed on; outside any trace, one begins here.
         token = None
         if not trace.get_current_span().get_span_context().is_valid:
@@ -325,6 +325,17 @@ def publish_span(
         yield span
 
 
+def incoming(headers: Mapping[str, str] | None) -> Context:
+    """The context a message with `headers` is handled in when spans are not
+    recorded (`records` is false): the trace it carries, else a new one. What
+    `process_span` attaches in that case; a caller on the per-message path may
+    attach it itself and skip the span machinery (`flotilla.common.middleware.tracing`)."""
+    context = (_lean_extract(headers) or extract(headers)) if headers else None
+    if context is None or not trace.get_current_span(context).get_span_context().is_valid:
+        context = _new_trace()
+    return context
+
+
 @contextmanager
 def process_span(
     subject: str,
@@ -339,11 +350,8 @@ def process_span(
     The extracted context is attached for the duration, so whatever the handler
     publishes in turn joins the same trace.
     """
-    if not _records(tracer):
-        context = (_lean_extract(headers) or extract(headers)) if headers else None
-        if context is None or not trace.get_current_span(context).get_span_context().is_valid:
-            context = _new_trace()
-        token = otel_context.attach(context)
+    if not records(tracer):
+        token = otel_context.attach(incoming(headers))
         try:
             yield trace.get_current_span()
         finally:
@@ -374,9 +382,11 @@ __all__ = [
     "build_provider",
     "exporter_from_env",
     "extract",
+    "incoming",
     "inject",
     "messaging_attributes",
     "process_span",
     "publish_span",
+    "records",
     "setup",
 ]
