@@ -70,6 +70,40 @@ async def test_one_key_in_order_many_keys_in_parallel() -> None:
     await queue.drain(1)
 
 
+async def test_at_most_concurrency_tasks_run_the_deliveries() -> None:
+    """Workers, not a task per delivery (or per key): each goes on to the next
+    ready key when it is done with one."""
+    runners: set[asyncio.Task[object] | None] = set()
+
+    async def process(d: FakeDelivery) -> None:
+        runners.add(asyncio.current_task())
+        await asyncio.sleep(0)
+
+    queue = make_queue(process, concurrency=3)
+    for sequence in range(40):
+        queue.submit(FakeDelivery(f"k{sequence % 10}", sequence))
+    await asyncio.wait_for(queue.wait_idle(), 5)
+    assert len(runners) == 3
+    await queue.drain(1)
+
+
+async def test_a_busy_key_takes_its_turn_with_the_others() -> None:
+    """A key with more waiting goes to the back of the line after each delivery, so
+    it cannot hold a worker while other keys wait."""
+    order: list[tuple[str, int]] = []
+
+    async def process(d: FakeDelivery) -> None:
+        await asyncio.sleep(0)
+        order.append((d.key, d.sequence))
+
+    queue = make_queue(process, concurrency=1)
+    for key, sequence in (("a", 1), ("a", 2), ("a", 3), ("b", 4), ("c", 5)):
+        queue.submit(FakeDelivery(key, sequence))
+    await asyncio.wait_for(queue.wait_idle(), 5)
+    assert order == [("a", 1), ("b", 4), ("c", 5), ("a", 2), ("a", 3)]
+    await queue.drain(1)
+
+
 async def test_retry_parks_the_key_until_the_redelivery_arrives() -> None:
     seen: list[int] = []
     failed_once = False
@@ -235,7 +269,8 @@ async def test_pending_counts_what_is_accepted_and_not_finished() -> None:
         await gates[d.key].wait()
         return Retry(delay=60) if d.key == "c" else None
 
-    queue = make_queue(process, concurrency=2)
+    # A worker each: with fewer, "a"'s second delivery would wait its turn behind "c".
+    queue = make_queue(process, concurrency=3)
 
     def counted() -> int:
         return sum(len(k.waiting) + (k.running is not None) for k in queue._keys.values())

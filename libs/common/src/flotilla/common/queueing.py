@@ -82,7 +82,10 @@ class KeyedQueue(Generic[D]):
         self._process = process
         self._release = release
         self._duplicate = duplicate
-        self._slots = asyncio.Semaphore(concurrency)
+        self._concurrency = concurrency
+        self._ready: deque[tuple[str, _Key[D]]] = deque()
+        """Keys whose next delivery (their `running` one) waits for a worker, in turn."""
+        self._workers = 0
         self._heartbeat_interval = heartbeat_interval
         self._park_grace = park_grace
         self._keys: dict[str, _Key[D]] = {}
@@ -127,27 +130,45 @@ class KeyedQueue(Generic[D]):
     def _wake(self, key: str, state: _Key[D]) -> None:
         if state.running is None and state.parked_on is None and state.waiting:
             state.running = state.waiting.popleft()
-            self._spawn(self._run(key, state))
+            self._ready.append((key, state))
+            if self._workers < self._concurrency:
+                self._workers += 1
+                self._spawn(self._work())
 
-    async def _run(self, key: str, state: _Key[D]) -> None:
-        while state.running is not None:
-            delivery = state.running
-            try:
-                async with self._slots:
+    async def _work(self) -> None:
+        """One of at most `concurrency` workers: takes the key whose turn it is, runs
+        its next delivery, puts the key back in line if more of it waits, and ends
+        when no key is ready.
+
+        Workers rather than a task per delivery: under load a worker goes straight
+        on to the next ready key, no task is created per message, and no semaphore
+        is needed to bound the concurrency. A key goes to the back of the line after
+        each delivery, so a busy key cannot hold a worker while other keys wait."""
+        try:
+            while self._ready:
+                key, state = self._ready.popleft()
+                delivery = state.running
+                assert delivery is not None, "a ready key has its next delivery"
+                try:
                     outcome = await self._process(delivery)
-            except Exception:  # the processor maps errors; this is a last line of defence
-                log.exception("processing %s#%s crashed", key, delivery.sequence)
-                outcome = Retry(delay=1.0)
-            self._finished()
-            if isinstance(outcome, Retry):
-                state.parked_on = delivery.sequence
-                state.parked_until = time.monotonic() + outcome.delay + self._park_grace
-                state.running = None
-                break
-            state.done.add(delivery.sequence)
-            self._progress.set()
-            state.running = self._next(state)
-        self._forget_if_idle(key, state)
+                except Exception:  # the processor maps errors; this is a last line of defence
+                    log.exception("processing %s#%s crashed", key, delivery.sequence)
+                    outcome = Retry(delay=1.0)
+                self._finished()
+                if isinstance(outcome, Retry):
+                    state.parked_on = delivery.sequence
+                    state.parked_until = time.monotonic() + outcome.delay + self._park_grace
+                    state.running = None
+                else:
+                    state.done.add(delivery.sequence)
+                    self._progress.set()
+                    state.running = self._next(state)
+                    if state.running is not None:
+                        self._ready.append((key, state))
+                        continue
+                self._forget_if_idle(key, state)
+        finally:
+            self._workers -= 1
 
     def _next(self, state: _Key[D]) -> D | None:
         """The next waiting delivery, skipping redeliveries of what is already done."""
@@ -226,6 +247,7 @@ class KeyedQueue(Generic[D]):
             self._keeper.cancel()
             await asyncio.gather(self._keeper, return_exceptions=True)
         self._keys.clear()
+        self._ready.clear()
         self._pending = 0
         self._room.set()
         self._idle.set()
