@@ -182,6 +182,68 @@ async def test_a_handlers_own_timeout_is_not_mistaken_for_the_deadline() -> None
         await middleware.deadline(5.0)(received(observed()), own_timeout)
 
 
+async def test_each_run_is_cancelled_at_its_own_deadline() -> None:
+    """One deadline layer, runs started at different times: each is cancelled when
+    its own deadline is up, not another's; one that finishes in time is left alone."""
+    layer = middleware.deadline(0.2)
+    loop = asyncio.get_running_loop()
+    ended: dict[str, float] = {}
+
+    def hung(name: str) -> Next:
+        async def handler(event: Received[Any]) -> None:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                ended[name] = loop.time()
+
+        return handler
+
+    async def quick(event: Received[Any]) -> None:
+        await asyncio.sleep(0.01)
+
+    began = loop.time()
+    first = asyncio.create_task(layer(received(observed()), hung("first")))
+    await layer(received(observed()), quick)
+    await asyncio.sleep(0.1)
+    second = asyncio.create_task(layer(received(observed()), hung("second")))
+    for run in (first, second):
+        with pytest.raises(TemporaryError, match="deadline"):
+            await run
+    assert 0.19 <= ended["first"] - began < 0.29
+    assert 0.29 <= ended["second"] - began < 0.39
+
+
+async def test_a_run_cancelled_from_outside_stays_cancelled() -> None:
+    layer = middleware.deadline(5.0)
+    started = asyncio.Event()
+
+    async def hung(event: Received[Any]) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    run = asyncio.create_task(layer(received(observed()), hung))
+    await started.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+
+
+def test_a_deadline_layer_works_in_a_later_event_loop() -> None:
+    """A chain built once may be used in another event loop (a service restarted in
+    a test): a run left in the first loop does not stop the second one's deadline."""
+    layer = middleware.deadline(0.05)
+
+    async def quick(event: Received[Any]) -> None:
+        return None
+
+    async def hung(event: Received[Any]) -> None:
+        await asyncio.Event().wait()
+
+    asyncio.run(layer(received(observed()), quick))
+    with pytest.raises(TemporaryError, match="deadline"):
+        asyncio.run(asyncio.wait_for(layer(received(observed()), hung), 2))
+
+
 # --- tracing ------------------------------------------------------------------------
 
 
