@@ -87,6 +87,44 @@ async def test_at_most_concurrency_tasks_run_the_deliveries() -> None:
     await queue.drain(1)
 
 
+async def test_handlers_that_never_wait_run_a_batch_on_one_worker() -> None:
+    """A worker is started as a key becomes ready only when none is about to start:
+    a batch whose handlers finish without waiting runs on the first worker, and the
+    second finds nothing left (no task per delivery started only to exit)."""
+    runners: set[asyncio.Task[object] | None] = set()
+    started = len(asyncio.all_tasks())
+    peak = 0
+
+    async def process(d: FakeDelivery) -> None:
+        nonlocal peak
+        runners.add(asyncio.current_task())
+        peak = max(peak, len(asyncio.all_tasks()) - started)
+
+    queue = make_queue(process, concurrency=8)
+    for sequence in range(40):
+        queue.submit(FakeDelivery(f"k{sequence}", sequence))
+    await asyncio.wait_for(queue.wait_idle(), 5)
+    assert len(runners) == 1
+    assert peak <= 4  # the worker, the next one to start, the keeper, wait_for's task
+    await queue.drain(1)
+
+
+async def test_a_worker_cancelled_before_it_began_is_replaced() -> None:
+    seen: list[int] = []
+
+    async def process(d: FakeDelivery) -> None:
+        seen.append(d.sequence)
+
+    queue = make_queue(process)
+    queue.submit(FakeDelivery("k", 1))
+    starter = queue._starter
+    assert starter is not None
+    starter.cancel()
+    await asyncio.wait_for(queue.wait_idle(), 2)
+    assert seen == [1]
+    await queue.drain(1)
+
+
 async def test_a_busy_key_takes_its_turn_with_the_others() -> None:
     """A key with more waiting goes to the back of the line after each delivery, so
     it cannot hold a worker while other keys wait."""

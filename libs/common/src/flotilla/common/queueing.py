@@ -85,7 +85,9 @@ class KeyedQueue(Generic[D]):
         self._concurrency = concurrency
         self._ready: deque[tuple[str, _Key[D]]] = deque()
         """Keys whose next delivery (their `running` one) waits for a worker, in turn."""
-        self._workers = 0
+        self._workers: set[asyncio.Task[None]] = set()
+        self._starter: asyncio.Task[None] | None = None
+        """The worker started last, until it takes its first key (see `_work`)."""
         self._heartbeat_interval = heartbeat_interval
         self._park_grace = park_grace
         self._keys: dict[str, _Key[D]] = {}
@@ -131,22 +133,46 @@ class KeyedQueue(Generic[D]):
         if state.running is None and state.parked_on is None and state.waiting:
             state.running = state.waiting.popleft()
             self._ready.append((key, state))
-            if self._workers < self._concurrency:
-                self._workers += 1
-                self._spawn(self._work())
+            if self._starter is None:
+                self._add_worker()
+
+    def _add_worker(self) -> None:
+        if len(self._workers) < self._concurrency:
+            worker = asyncio.get_running_loop().create_task(self._work())
+            self._workers.add(worker)
+            self._tasks.add(worker)
+            worker.add_done_callback(self._worker_gone)
+            self._starter = worker
+
+    def _worker_gone(self, worker: asyncio.Task[None]) -> None:
+        self._tasks.discard(worker)
+        self._workers.discard(worker)
+        if self._starter is worker:  # cancelled before it took a key
+            self._starter = None
+            if self._ready and not self._closing:
+                self._add_worker()
 
     async def _work(self) -> None:
         """One of at most `concurrency` workers: takes the key whose turn it is, runs
         its next delivery, puts the key back in line if more of it waits, and ends
-        when no key is ready.
+        when no key is ready. A key goes to the back of the line after each
+        delivery, so a busy key cannot hold a worker while other keys wait.
 
-        Workers rather than a task per delivery: under load a worker goes straight
-        on to the next ready key, no task is created per message, and no semaphore
-        is needed to bound the concurrency. A key goes to the back of the line after
-        each delivery, so a busy key cannot hold a worker while other keys wait."""
+        Workers rather than a task per delivery, and started one at a time: a new
+        worker is started when a key becomes ready and no worker is about to start,
+        and each worker, as it takes its first key, starts the next one if more keys
+        are ready. When the handlers finish without waiting for anything, the first
+        worker runs a whole fetched batch and the one after it finds nothing to do;
+        when they wait (I/O), every loop turn adds a worker until `concurrency` run
+        or the keys are all taken. Either way, no task and no semaphore per message."""
+        me = asyncio.current_task()
+        if self._starter is me:
+            self._starter = None
         try:
             while self._ready:
                 key, state = self._ready.popleft()
+                if self._ready and self._starter is None:
+                    self._add_worker()
                 delivery = state.running
                 assert delivery is not None, "a ready key has its next delivery"
                 try:
@@ -168,7 +194,8 @@ class KeyedQueue(Generic[D]):
                         continue
                 self._forget_if_idle(key, state)
         finally:
-            self._workers -= 1
+            if me is not None:
+                self._workers.discard(me)
 
     def _next(self, state: _Key[D]) -> D | None:
         """The next waiting delivery, skipping redeliveries of what is already done."""
@@ -248,6 +275,7 @@ class KeyedQueue(Generic[D]):
             await asyncio.gather(self._keeper, return_exceptions=True)
         self._keys.clear()
         self._ready.clear()
+        self._starter = None
         self._pending = 0
         self._room.set()
         self._idle.set()
