@@ -204,13 +204,13 @@ async def test_each_run_is_cancelled_at_its_own_deadline() -> None:
     began = loop.time()
     first = asyncio.create_task(layer(received(observed()), hung("first")))
     await layer(received(observed()), quick)
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.2)
     second = asyncio.create_task(layer(received(observed()), hung("second")))
     for run in (first, second):
         with pytest.raises(TemporaryError, match="deadline"):
             await run
-    assert 0.19 <= ended["first"] - began < 0.29
-    assert 0.29 <= ended["second"] - began < 0.39
+    assert 0.19 <= ended["first"] - began < 0.38
+    assert 0.4 <= ended["second"] - began < 1.5
 
 
 async def test_a_run_cancelled_from_outside_stays_cancelled() -> None:
