@@ -109,6 +109,29 @@ async def test_handlers_that_never_wait_run_a_batch_on_one_worker() -> None:
     await queue.drain(1)
 
 
+async def test_handlers_that_wait_all_run_at_once() -> None:
+    """When handlers wait (I/O), every ready key gets a worker within a couple of
+    loop turns, as with a task per delivery: not one more worker per turn."""
+    active = 0
+    gate = asyncio.Event()
+
+    async def process(d: FakeDelivery) -> None:
+        nonlocal active
+        active += 1
+        await gate.wait()
+
+    queue = make_queue(process, concurrency=16)
+    for sequence in range(20):
+        queue.submit(FakeDelivery(f"k{sequence}", sequence))
+    for _ in range(4):
+        await asyncio.sleep(0)
+    assert active == 16
+    gate.set()
+    await asyncio.wait_for(queue.wait_idle(), 5)
+    assert active == 20
+    await queue.drain(1)
+
+
 async def test_a_worker_cancelled_before_it_began_is_replaced() -> None:
     seen: list[int] = []
 

@@ -136,9 +136,9 @@ class KeyedQueue(Generic[D]):
             if self._starter is None:
                 self._add_worker()
 
-    def _add_worker(self) -> None:
+    def _add_worker(self, relief: bool = False) -> None:
         if len(self._workers) < self._concurrency:
-            worker = asyncio.get_running_loop().create_task(self._work())
+            worker = asyncio.get_running_loop().create_task(self._work(relief))
             self._workers.add(worker)
             self._tasks.add(worker)
             worker.add_done_callback(self._worker_gone)
@@ -152,27 +152,31 @@ class KeyedQueue(Generic[D]):
             if self._ready and not self._closing:
                 self._add_worker()
 
-    async def _work(self) -> None:
+    async def _work(self, relief: bool) -> None:
         """One of at most `concurrency` workers: takes the key whose turn it is, runs
         its next delivery, puts the key back in line if more of it waits, and ends
         when no key is ready. A key goes to the back of the line after each
         delivery, so a busy key cannot hold a worker while other keys wait.
 
-        Workers rather than a task per delivery, and started one at a time: a new
-        worker is started when a key becomes ready and no worker is about to start,
-        and each worker, as it takes its first key, starts the next one if more keys
-        are ready. When the handlers finish without waiting for anything, the first
-        worker runs a whole fetched batch and the one after it finds nothing to do;
-        when they wait (I/O), every loop turn adds a worker until `concurrency` run
-        or the keys are all taken. Either way, no task and no semaphore per message."""
+        Workers rather than a task per delivery, started as they turn out to be
+        needed: one when a key becomes ready and none is about to start; and a
+        worker that takes a key while more are ready starts a `relief` worker. That
+        one runs in the next loop turn: if keys are still ready then, the worker
+        before it is waiting in its handler (I/O), so the relief starts a worker for
+        each of them at once, as a task per delivery would have. When handlers
+        finish without waiting, the first worker runs the whole fetched batch and
+        the relief finds nothing to do: two tasks per batch, not one per message."""
         me = asyncio.current_task()
         if self._starter is me:
             self._starter = None
+        if relief:
+            for _ in range(len(self._ready) - 1):  # all but the key this one takes
+                self._add_worker()
         try:
             while self._ready:
                 key, state = self._ready.popleft()
                 if self._ready and self._starter is None:
-                    self._add_worker()
+                    self._add_worker(relief=True)
                 delivery = state.running
                 assert delivery is not None, "a ready key has its next delivery"
                 try:
