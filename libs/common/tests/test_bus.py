@@ -11,7 +11,9 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+import nats.aio.subscription
 import nats.errors
+import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -546,3 +548,73 @@ async def test_handing_partitions_over_while_a_key_is_slow_keeps_order_and_lease
     for key, seqs in order.items():
         assert seqs == sorted(seqs), f"{key} handled out of order: {seqs}"
     assert sorted(set(order[slow_key])) == [0, 1, 2, 3]
+
+
+# --- fetching (`bus._fetch_batch`, nats-py's fetch without a task per message) ------
+
+
+@asynccontextmanager
+async def pull(server: NatsServer, name: str) -> AsyncIterator[tuple[Any, JetStreamContext]]:
+    nc = await nats.connect(server.url)
+    js = nc.jetstream()
+    await js.add_stream(name=name, subjects=[f"{name}.>"])
+    sub = await js.pull_subscribe(f"{name}.>", durable=name)
+    try:
+        yield sub, js
+    finally:
+        await nc.close()
+
+
+async def test_a_fetch_takes_what_is_there_in_order_and_no_more_than_asked(
+    nats_server: NatsServer, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waits = 0
+    library_next_msg = nats.aio.subscription.Subscription.next_msg
+
+    async def counted(self: Any, timeout: float | None = 1.0) -> Msg:
+        nonlocal waits
+        waits += 1
+        return await library_next_msg(self, timeout)
+
+    monkeypatch.setattr(nats.aio.subscription.Subscription, "next_msg", counted)
+    async with pull(nats_server, f"fetch{unique}") as (sub, js):
+        for i in range(10):
+            await js.publish(f"fetch{unique}.x", str(i).encode())
+        started = time.monotonic()
+        first = await busmod._fetch_batch(sub, 4, 2.0)
+        rest = await busmod._fetch_batch(sub, 64, 2.0)
+        assert time.monotonic() - started < 1.0, "the no-wait answer ends a fetch"
+        assert [m.data for m in first + rest] == [str(i).encode() for i in range(10)]
+        assert waits <= 2, "messages already received are taken without waiting"
+        for msg in first + rest:
+            await msg.ack()
+
+
+async def test_a_fetch_waits_for_the_next_message_or_times_out(
+    nats_server: NatsServer, unique: str
+) -> None:
+    async with pull(nats_server, f"wait{unique}") as (sub, js):
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await busmod._fetch_batch(sub, 8, 0.3)
+        assert 0.25 <= time.monotonic() - started < 1.5
+
+        async def later() -> None:
+            await asyncio.sleep(0.2)
+            await js.publish(f"wait{unique}.x", b"late")
+
+        publisher = asyncio.create_task(later())
+        msgs = await busmod._fetch_batch(sub, 8, 3.0)
+        await publisher
+        assert [m.data for m in msgs] == [b"late"]
+
+
+def test_a_fetch_hands_on_an_error_status_and_skips_temporary_ones() -> None:
+    def status(code: str) -> Msg:
+        return Msg(None, headers={"Status": code, "Description": "x"})  # type: ignore[arg-type]
+
+    for temporary in ("404", "408", "409"):
+        assert not busmod._processable(temporary, status(temporary))
+    assert busmod._processable(None, Msg(None, data=b"event"))  # type: ignore[arg-type]
+    with pytest.raises(nats.js.errors.APIError):
+        busmod._processable("503", status("503"))

@@ -6,11 +6,12 @@ import asyncio
 from typing import Any
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from flotilla.common import events, middleware
+from flotilla.common import events, middleware, telemetry
 from flotilla.common.dispatch import DeadLetter, Received
 from flotilla.common.errors import InvalidEvent, TemporaryError
 from flotilla.common.router import DuplicateHandler, Middleware, Next, Router
@@ -181,6 +182,68 @@ async def test_a_handlers_own_timeout_is_not_mistaken_for_the_deadline() -> None
         await middleware.deadline(5.0)(received(observed()), own_timeout)
 
 
+async def test_each_run_is_cancelled_at_its_own_deadline() -> None:
+    """One deadline layer, runs started at different times: each is cancelled when
+    its own deadline is up, not another's; one that finishes in time is left alone."""
+    layer = middleware.deadline(0.2)
+    loop = asyncio.get_running_loop()
+    ended: dict[str, float] = {}
+
+    def hung(name: str) -> Next:
+        async def handler(event: Received[Any]) -> None:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                ended[name] = loop.time()
+
+        return handler
+
+    async def quick(event: Received[Any]) -> None:
+        await asyncio.sleep(0.01)
+
+    began = loop.time()
+    first = asyncio.create_task(layer(received(observed()), hung("first")))
+    await layer(received(observed()), quick)
+    await asyncio.sleep(0.2)
+    second = asyncio.create_task(layer(received(observed()), hung("second")))
+    for run in (first, second):
+        with pytest.raises(TemporaryError, match="deadline"):
+            await run
+    assert 0.19 <= ended["first"] - began < 0.38
+    assert 0.4 <= ended["second"] - began < 1.5
+
+
+async def test_a_run_cancelled_from_outside_stays_cancelled() -> None:
+    layer = middleware.deadline(5.0)
+    started = asyncio.Event()
+
+    async def hung(event: Received[Any]) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    run = asyncio.create_task(layer(received(observed()), hung))
+    await started.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+
+
+def test_a_deadline_layer_works_in_a_later_event_loop() -> None:
+    """A chain built once may be used in another event loop (a service restarted in
+    a test): a run left in the first loop does not stop the second one's deadline."""
+    layer = middleware.deadline(0.05)
+
+    async def quick(event: Received[Any]) -> None:
+        return None
+
+    async def hung(event: Received[Any]) -> None:
+        await asyncio.Event().wait()
+
+    asyncio.run(layer(received(observed()), quick))
+    with pytest.raises(TemporaryError, match="deadline"):
+        asyncio.run(asyncio.wait_for(layer(received(observed()), hung), 2))
+
+
 # --- tracing ------------------------------------------------------------------------
 
 
@@ -199,6 +262,24 @@ async def test_tracing_continues_the_trace_the_envelope_carries() -> None:
     (span,) = exporter.get_finished_spans()
     assert span.context is not None
     assert f"{span.context.trace_id:032x}" == trace_id
+
+
+async def test_without_recorded_spans_tracing_still_hands_the_carried_trace_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(telemetry, "records", lambda tracer=None: False)
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    envelope = observed().model_copy(update={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"})
+    published: list[str] = []
+
+    async def handler(event: Received[Any]) -> None:
+        published.append(telemetry.inject({})["traceparent"])
+        raise TemporaryError("again")
+
+    with pytest.raises(TemporaryError):
+        await middleware.tracing("svc")(received(envelope), handler)
+    assert published[0].startswith(f"00-{trace_id}-b7ad6b7169203331-")
+    assert not trace.get_current_span().get_span_context().is_valid  # detached again
 
 
 # --- dead letters -------------------------------------------------------------------

@@ -70,6 +70,101 @@ async def test_one_key_in_order_many_keys_in_parallel() -> None:
     await queue.drain(1)
 
 
+async def test_at_most_concurrency_tasks_run_the_deliveries() -> None:
+    """Workers, not a task per delivery (or per key): each goes on to the next
+    ready key when it is done with one."""
+    runners: set[asyncio.Task[object] | None] = set()
+
+    async def process(d: FakeDelivery) -> None:
+        runners.add(asyncio.current_task())
+        await asyncio.sleep(0)
+
+    queue = make_queue(process, concurrency=3)
+    for sequence in range(40):
+        queue.submit(FakeDelivery(f"k{sequence % 10}", sequence))
+    await asyncio.wait_for(queue.wait_idle(), 5)
+    assert len(runners) == 3
+    await queue.drain(1)
+
+
+async def test_handlers_that_never_wait_run_a_batch_on_one_worker() -> None:
+    """A worker is started as a key becomes ready only when none is about to start:
+    a batch whose handlers finish without waiting runs on the first worker, and the
+    second finds nothing left (no task per delivery started only to exit)."""
+    runners: set[asyncio.Task[object] | None] = set()
+    started = len(asyncio.all_tasks())
+    peak = 0
+
+    async def process(d: FakeDelivery) -> None:
+        nonlocal peak
+        runners.add(asyncio.current_task())
+        peak = max(peak, len(asyncio.all_tasks()) - started)
+
+    queue = make_queue(process, concurrency=8)
+    for sequence in range(40):
+        queue.submit(FakeDelivery(f"k{sequence}", sequence))
+    await asyncio.wait_for(queue.wait_idle(), 5)
+    assert len(runners) == 1
+    assert peak <= 4  # the worker, the next one to start, the keeper, wait_for's task
+    await queue.drain(1)
+
+
+async def test_handlers_that_wait_all_run_at_once() -> None:
+    """When handlers wait (I/O), every ready key gets a worker within a couple of
+    loop turns, as with a task per delivery: not one more worker per turn."""
+    active = 0
+    gate = asyncio.Event()
+
+    async def process(d: FakeDelivery) -> None:
+        nonlocal active
+        active += 1
+        await gate.wait()
+
+    queue = make_queue(process, concurrency=16)
+    for sequence in range(20):
+        queue.submit(FakeDelivery(f"k{sequence}", sequence))
+    for _ in range(4):
+        await asyncio.sleep(0)
+    assert active == 16
+    gate.set()
+    await asyncio.wait_for(queue.wait_idle(), 5)
+    assert active == 20
+    await queue.drain(1)
+
+
+async def test_a_worker_cancelled_before_it_began_is_replaced() -> None:
+    seen: list[int] = []
+
+    async def process(d: FakeDelivery) -> None:
+        seen.append(d.sequence)
+
+    queue = make_queue(process)
+    queue.submit(FakeDelivery("k", 1))
+    starter = queue._starter
+    assert starter is not None
+    starter.cancel()
+    await asyncio.wait_for(queue.wait_idle(), 2)
+    assert seen == [1]
+    await queue.drain(1)
+
+
+async def test_a_busy_key_takes_its_turn_with_the_others() -> None:
+    """A key with more waiting goes to the back of the line after each delivery, so
+    it cannot hold a worker while other keys wait."""
+    order: list[tuple[str, int]] = []
+
+    async def process(d: FakeDelivery) -> None:
+        await asyncio.sleep(0)
+        order.append((d.key, d.sequence))
+
+    queue = make_queue(process, concurrency=1)
+    for key, sequence in (("a", 1), ("a", 2), ("a", 3), ("b", 4), ("c", 5)):
+        queue.submit(FakeDelivery(key, sequence))
+    await asyncio.wait_for(queue.wait_idle(), 5)
+    assert order == [("a", 1), ("b", 4), ("c", 5), ("a", 2), ("a", 3)]
+    await queue.drain(1)
+
+
 async def test_retry_parks_the_key_until_the_redelivery_arrives() -> None:
     seen: list[int] = []
     failed_once = False
@@ -235,7 +330,8 @@ async def test_pending_counts_what_is_accepted_and_not_finished() -> None:
         await gates[d.key].wait()
         return Retry(delay=60) if d.key == "c" else None
 
-    queue = make_queue(process, concurrency=2)
+    # A worker each: with fewer, "a"'s second delivery would wait its turn behind "c".
+    queue = make_queue(process, concurrency=3)
 
     def counted() -> int:
         return sum(len(k.waiting) + (k.running is not None) for k in queue._keys.values())

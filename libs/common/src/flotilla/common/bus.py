@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -422,6 +423,159 @@ def _subject_token(value: str) -> str:
 # --- consuming ---------------------------------------------------------------------
 
 
+def _take(sub: JetStreamContext.PullSubscription) -> Msg | None:
+    """The message waiting first in `sub`'s pending queue, taken as `next_msg` takes
+    one (size and task accounting); None when none waits or the connection closed."""
+    inner = sub._sub
+    if inner is None:
+        raise nats.errors.BadSubscriptionError
+    queue = inner._pending_queue
+    if queue.empty() or sub._nc.is_closed:
+        return None
+    msg = queue.get_nowait()
+    inner._pending_size -= len(msg.data)
+    queue.task_done()
+    return msg
+
+
+async def _next_msg(sub: JetStreamContext.PullSubscription, timeout: float | None) -> Msg:
+    """`Subscription.next_msg`, without its task and `wait_for` for a message that
+    is already there: a fetched batch arrives in one read, so all but the first
+    message usually are, and a task per message costs more than the rest of the
+    fetch (and hands the loop over between messages)."""
+    msg = _take(sub)
+    if msg is not None:
+        return msg
+    assert sub._sub is not None  # `_take` raised otherwise
+    return await sub._sub.next_msg(timeout=timeout)
+
+
+def _status(msg: Msg) -> str | None:
+    return msg.headers.get(api.Header.STATUS) if msg.headers else None
+
+
+def _time_left(timeout: float, started: float) -> float:
+    return timeout - (time.monotonic() - started)
+
+
+async def _fetch_batch(
+    sub: JetStreamContext.PullSubscription, batch: int, timeout: float
+) -> list[Msg]:
+    """`sub.fetch(batch, timeout=timeout)` of nats-py 2.16 (`PullSubscription._fetch_n`,
+    pinned in pyproject), step for step, taking messages already received with
+    `_next_msg` instead of a `wait_for` task each.
+
+    As there: take what is pending; ask with ``no_wait`` for what is available now
+    (with ``expires`` only when nothing was pending) and read up to the end of that
+    answer (404 / 408); only when that brought nothing, make one lingering request
+    for the time left and wait for its first message, then read what follows of it.
+    Status 409 (and 404 / 408) ends a read as a temporary condition; any other
+    status is an `APIError`; a heartbeat (100) only shows the server answers.
+    """
+    if batch < 1 or timeout <= 0:
+        raise ValueError("a fetch needs a batch of at least 1 and a positive timeout")
+    expires = int(timeout * 1_000_000_000) - 100_000
+    msgs: list[Msg] = []
+    started = time.monotonic()
+    got_any_response = False
+    needed = batch
+    while (pending := _take(sub)) is not None:  # meant for this fetch or an earlier one
+        if _status(pending) is None:
+            needed -= 1
+            msgs.append(pending)
+
+    # First request: what is available now. Without `expires` when something was
+    # pending: the server ignores `no_wait` with `expires` and lingers.
+    request: dict[str, Any] = {"batch": needed, "no_wait": True}
+    if not msgs:
+        request["expires"] = expires
+    await sub._nc.publish(sub._nms, json.dumps(request).encode(), sub._deliver)
+    await asyncio.sleep(0)
+    try:
+        msg = await _next_msg(sub, timeout)
+    except TimeoutError:
+        if msgs:
+            return msgs
+        raise
+    status = _status(msg)
+    if status == api.StatusCode.CONTROL_MESSAGE:
+        got_any_response = True
+    elif _processable(status, msg):
+        msgs.append(msg)
+        needed -= 1
+        with contextlib.suppress(TimeoutError):  # at least one message came
+            for _ in range(needed):
+                msg = await _next_msg(sub, _time_left(timeout, started))
+                status = _status(msg)
+                if status in (api.StatusCode.NO_MESSAGES, api.StatusCode.REQUEST_TIMEOUT):
+                    break
+                if status == api.StatusCode.CONTROL_MESSAGE:
+                    got_any_response = True
+                    continue
+                if _processable(status, msg):
+                    needed -= 1
+                    msgs.append(msg)
+    if msgs:
+        return msgs
+
+    # Second request: lingering, for the time left (not the whole timeout: a request
+    # outliving this fetch would take the next message and stall the next fetch).
+    left = _time_left(timeout, started)
+    remaining_expires = int(left * 1_000_000_000) - 100_000
+    if left <= 0 or remaining_expires <= 0:
+        raise TimeoutError
+    request = {"batch": needed, "expires": remaining_expires}
+    await sub._nc.publish(sub._nms, json.dumps(request).encode(), sub._deliver)
+    await asyncio.sleep(0)
+    while True:  # its first answer: a message, or a status that ends it
+        try:
+            msg = await _next_msg(sub, _time_left(timeout, started))
+        except TimeoutError:
+            if got_any_response:
+                raise nats.js.errors.FetchTimeoutError from None
+            raise
+        status = _status(msg)
+        if status != api.StatusCode.CONTROL_MESSAGE:
+            break
+        got_any_response = True
+    if status is None:
+        needed -= 1
+        msgs.append(msg)
+
+    with contextlib.suppress(TimeoutError):  # the rest of the answer, while there is time
+        for _ in range(needed):
+            left = _time_left(timeout, started)
+            if left < 0:
+                return msgs
+            msg = await _next_msg(sub, left)
+            status = _status(msg)
+            if status == api.StatusCode.CONTROL_MESSAGE:
+                got_any_response = True
+                continue
+            if status in (api.StatusCode.NO_MESSAGES, api.StatusCode.REQUEST_TIMEOUT):
+                break
+            if _processable(status, msg):
+                needed -= 1
+                msgs.append(msg)
+    if not msgs and got_any_response:
+        raise nats.js.errors.FetchTimeoutError
+    return msgs
+
+
+def _processable(status: str | None, msg: Msg) -> bool:
+    """A message to hand on (no status); False for a temporary condition (404, 408,
+    409); `APIError` for any other status."""
+    if not status:
+        return True
+    if status in (
+        api.StatusCode.NO_MESSAGES,
+        api.StatusCode.CONFLICT,
+        api.StatusCode.REQUEST_TIMEOUT,
+    ):
+        return False
+    raise nats.js.errors.APIError.from_msg(msg)
+
+
 class _Delivery:
     """A fetched JetStream message as `queueing.Delivery`."""
 
@@ -575,7 +729,7 @@ class Consumer:
                     await self.queue.wait_for_room(self._capacity)
                     started = time.monotonic()
                     try:
-                        msgs = await sub.fetch(self.batch, timeout=FETCH_WAIT)
+                        msgs = await _fetch_batch(sub, self.batch, FETCH_WAIT)
                     except (nats.errors.TimeoutError, TimeoutError):
                         if time.monotonic() - started >= FETCH_WAIT / 2:
                             continue  # nothing new within the long-poll window

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from typing import Any, Protocol
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
@@ -46,6 +48,7 @@ JsonObject = dict[str, Any]
 DEFAULT_DEADLINE = 60.0
 MAX_BACKOFF = 60.0
 STALE_REMEMBERED = 100_000
+_CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
 
 
 def tracing(service: str, tracer: trace.Tracer | None = None) -> Middleware:
@@ -58,6 +61,15 @@ def tracing(service: str, tracer: trace.Tracer | None = None) -> Middleware:
             and not any(name.lower() == "traceparent" for name in headers)
         ):
             headers = {**headers, "traceparent": carried}
+        if not telemetry.records(tracer):
+            # Nothing is recorded: only the context is handed on, as `process_span`
+            # would, without a context manager and a span object per message.
+            token = otel_context.attach(telemetry.incoming(headers))
+            try:
+                await following(received)
+            finally:
+                otel_context.detach(token)
+            return
         with telemetry.process_span(
             received.subject or received.type,
             headers,
@@ -91,21 +103,93 @@ def backoff(delivered: int, *, base: float = 1.0, ceiling: float = MAX_BACKOFF) 
 def deadline(seconds: float) -> Middleware:
     if seconds <= 0:
         raise ValueError("a handler deadline must be positive")
+    deadlines = _Deadlines(seconds)
 
     async def layer(received: Received[Any], following: Next) -> None:
-        timer = asyncio.timeout(seconds)
+        watch = deadlines.start()
         try:
-            async with timer:
-                await following(received)
-        except TimeoutError as exc:
-            if not timer.expired():
-                raise  # the handler's own timeout, not ours
-            raise TemporaryError(
-                f"handling {received.type} for {received.key} exceeded its {seconds:g}s deadline",
-                delay=backoff(received.delivered),
-            ) from exc
+            await following(received)
+        except BaseException as exc:
+            if deadlines.end(watch, exc):
+                raise TemporaryError(
+                    f"handling {received.type} for {received.key} exceeded its "
+                    f"{seconds:g}s deadline",
+                    delay=backoff(received.delivered),
+                ) from exc
+            raise  # the handler's own error (or its own timeout), not ours
+        deadlines.end(watch, None)
 
     return layer
+
+
+class _Watch:
+    """One handler run under a deadline."""
+
+    __slots__ = ("cancelling", "due", "expired", "task")
+
+    def __init__(self, task: asyncio.Task[Any], due: float) -> None:
+        self.task = task
+        self.due = due
+        self.cancelling = task.cancelling()
+        self.expired = False
+
+
+class _Deadlines:
+    """Deadlines of one length for handler runs, kept with one timer.
+
+    What `asyncio.timeout` does for each run (cancel the task at the deadline, and
+    turn the `CancelledError` that comes out into a timeout unless the task was also
+    cancelled by someone else), without a timer handle per run: scheduling and
+    cancelling one cost several microseconds per message, and cancelled handles pile
+    up in the event loop's timer heap. All deadlines here have one length, so they
+    fall due in the order the runs started: one timer, armed for the oldest run
+    still going, cancels each run that is past its deadline, then re-arms itself
+    for the next one."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._runs: dict[_Watch, None] = {}
+        """Runs in the order they started, which is the order their deadlines fall."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> _Watch:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a handler deadline must be used inside a task")
+        loop = task.get_loop()
+        if loop is not self._loop:  # first use, or a new event loop (tests)
+            self._runs.clear()
+            self._timer = None
+            self._loop = loop
+        watch = _Watch(task, loop.time() + self.seconds)
+        self._runs[watch] = None
+        if self._timer is None:
+            self._timer = loop.call_at(watch.due, self._expire)
+        return watch
+
+    def end(self, watch: _Watch, error: BaseException | None) -> bool:
+        """The run is over; whether it ended with `error` because of its deadline
+        (the cancellation this timer made, and no other)."""
+        self._runs.pop(watch, None)
+        if not watch.expired:
+            return False
+        return watch.task.uncancel() <= watch.cancelling and isinstance(
+            error, asyncio.CancelledError
+        )
+
+    def _expire(self) -> None:
+        self._timer = None
+        assert self._loop is not None
+        now = self._loop.time()
+        while self._runs:
+            watch = next(iter(self._runs))
+            if watch.due > now + _CLOCK_RESOLUTION:  # what the event loop counts as due
+                self._timer = self._loop.call_at(watch.due, self._expire)
+                return
+            del self._runs[watch]
+            watch.expired = True
+            watch.task.cancel()
 
 
 class StaleDrop:

@@ -82,7 +82,12 @@ class KeyedQueue(Generic[D]):
         self._process = process
         self._release = release
         self._duplicate = duplicate
-        self._slots = asyncio.Semaphore(concurrency)
+        self._concurrency = concurrency
+        self._ready: deque[tuple[str, _Key[D]]] = deque()
+        """Keys whose next delivery (their `running` one) waits for a worker, in turn."""
+        self._workers: set[asyncio.Task[None]] = set()
+        self._starter: asyncio.Task[None] | None = None
+        """The worker started last, until it takes its first key (see `_work`)."""
         self._heartbeat_interval = heartbeat_interval
         self._park_grace = park_grace
         self._keys: dict[str, _Key[D]] = {}
@@ -127,27 +132,74 @@ class KeyedQueue(Generic[D]):
     def _wake(self, key: str, state: _Key[D]) -> None:
         if state.running is None and state.parked_on is None and state.waiting:
             state.running = state.waiting.popleft()
-            self._spawn(self._run(key, state))
+            self._ready.append((key, state))
+            if self._starter is None:
+                self._add_worker()
 
-    async def _run(self, key: str, state: _Key[D]) -> None:
-        while state.running is not None:
-            delivery = state.running
-            try:
-                async with self._slots:
+    def _add_worker(self, relief: bool = False) -> None:
+        if len(self._workers) < self._concurrency:
+            worker = asyncio.get_running_loop().create_task(self._work(relief))
+            self._workers.add(worker)
+            self._tasks.add(worker)
+            worker.add_done_callback(self._worker_gone)
+            self._starter = worker
+
+    def _worker_gone(self, worker: asyncio.Task[None]) -> None:
+        self._tasks.discard(worker)
+        self._workers.discard(worker)
+        if self._starter is worker:  # cancelled before it took a key
+            self._starter = None
+            if self._ready and not self._closing:
+                self._add_worker()
+
+    async def _work(self, relief: bool) -> None:
+        """One of at most `concurrency` workers: takes the key whose turn it is, runs
+        its next delivery, puts the key back in line if more of it waits, and ends
+        when no key is ready. A key goes to the back of the line after each
+        delivery, so a busy key cannot hold a worker while other keys wait.
+
+        Workers rather than a task per delivery, started as they turn out to be
+        needed: one when a key becomes ready and none is about to start; and a
+        worker that takes a key while more are ready starts a `relief` worker. That
+        one runs in the next loop turn: if keys are still ready then, the worker
+        before it is waiting in its handler (I/O), so the relief starts a worker for
+        each of them at once, as a task per delivery would have. When handlers
+        finish without waiting, the first worker runs the whole fetched batch and
+        the relief finds nothing to do: two tasks per batch, not one per message."""
+        me = asyncio.current_task()
+        if self._starter is me:
+            self._starter = None
+        if relief:
+            for _ in range(len(self._ready) - 1):  # all but the key this one takes
+                self._add_worker()
+        try:
+            while self._ready:
+                key, state = self._ready.popleft()
+                if self._ready and self._starter is None:
+                    self._add_worker(relief=True)
+                delivery = state.running
+                assert delivery is not None, "a ready key has its next delivery"
+                try:
                     outcome = await self._process(delivery)
-            except Exception:  # the processor maps errors; this is a last line of defence
-                log.exception("processing %s#%s crashed", key, delivery.sequence)
-                outcome = Retry(delay=1.0)
-            self._finished()
-            if isinstance(outcome, Retry):
-                state.parked_on = delivery.sequence
-                state.parked_until = time.monotonic() + outcome.delay + self._park_grace
-                state.running = None
-                break
-            state.done.add(delivery.sequence)
-            self._progress.set()
-            state.running = self._next(state)
-        self._forget_if_idle(key, state)
+                except Exception:  # the processor maps errors; this is a last line of defence
+                    log.exception("processing %s#%s crashed", key, delivery.sequence)
+                    outcome = Retry(delay=1.0)
+                self._finished()
+                if isinstance(outcome, Retry):
+                    state.parked_on = delivery.sequence
+                    state.parked_until = time.monotonic() + outcome.delay + self._park_grace
+                    state.running = None
+                else:
+                    state.done.add(delivery.sequence)
+                    self._progress.set()
+                    state.running = self._next(state)
+                    if state.running is not None:
+                        self._ready.append((key, state))
+                        continue
+                self._forget_if_idle(key, state)
+        finally:
+            if me is not None:
+                self._workers.discard(me)
 
     def _next(self, state: _Key[D]) -> D | None:
         """The next waiting delivery, skipping redeliveries of what is already done."""
@@ -226,6 +278,8 @@ class KeyedQueue(Generic[D]):
             self._keeper.cancel()
             await asyncio.gather(self._keeper, return_exceptions=True)
         self._keys.clear()
+        self._ready.clear()
+        self._starter = None
         self._pending = 0
         self._room.set()
         self._idle.set()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import threading
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
@@ -230,7 +231,7 @@ def _is_sdk(thing: object, sdk: type) -> bool:
     return known
 
 
-def _records(tracer: trace.Tracer | None) -> bool:
+def records(tracer: trace.Tracer | None = None) -> bool:
     """Whether spans started with `tracer` (or the global provider's) are recorded:
     an SDK tracer, or the SDK provider `setup` installed when an exporter is
     configured. When not, the span helpers below only carry the W3C context, the
@@ -247,28 +248,22 @@ def _new_trace() -> Context:
     return trace.set_span_in_context(_PROPAGATING.start_span("new trace"))
 
 
-_HEX = frozenset("0123456789abcdef")
+_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+"""A version-00 ``traceparent``, as the W3C format writes it (lower-case hex)."""
 
 
 def _lean_extract(headers: Mapping[str, str]) -> Context | None:
     """The remote parent of a plain version-00 ``traceparent`` header with no
-    ``tracestate``, parsed without the propagator's regular expression; None when
-    the headers hold anything else, which `extract` then reads in full."""
+    ``tracestate``, read with one small expression rather than the propagator's
+    general one; None when the headers hold anything else, which `extract` then
+    reads in full. A context it returns always has a valid span."""
     value = headers.get("traceparent")
-    if value is None or "tracestate" in headers or len(value) != 55:
+    if value is None or "tracestate" in headers:
         return None
-    parts = value.split("-")
-    if len(parts) != 4:
+    match = _TRACEPARENT.fullmatch(value)
+    if match is None:
         return None
-    version, trace_hex, span_hex, flags = parts
-    if (
-        version != "00"
-        or len(trace_hex) != 32
-        or len(span_hex) != 16
-        or len(flags) != 2
-        or not _HEX.issuperset(trace_hex + span_hex + flags)
-    ):
-        return None
+    trace_hex, span_hex, flags = match.groups()
     trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
     if not trace_id or not span_id:
         return None
@@ -301,7 +296,7 @@ def publish_span(
 ) -> Iterator[Span]:
     """A PRODUCER span around a publish; its context is injected into `headers`
     (None: the caller injects it itself, inside the span)."""
-    if not _records(tracer):
+    if not records(tracer):
         # The current span is handed on; outside any trace, one begins here.
         token = None
         if not trace.get_current_span().get_span_context().is_valid:
@@ -325,6 +320,21 @@ def publish_span(
         yield span
 
 
+def incoming(headers: Mapping[str, str] | None) -> Context:
+    """The context a message with `headers` is handled in when spans are not
+    recorded (`records` is false): the trace it carries, else a new one. What
+    `process_span` attaches in that case; a caller on the per-message path may
+    attach it itself and skip the span machinery (`flotilla.common.middleware.tracing`)."""
+    if headers:
+        context = _lean_extract(headers)
+        if context is not None:
+            return context
+        context = extract(headers)
+        if trace.get_current_span(context).get_span_context().is_valid:
+            return context
+    return _new_trace()
+
+
 @contextmanager
 def process_span(
     subject: str,
@@ -339,11 +349,8 @@ def process_span(
     The extracted context is attached for the duration, so whatever the handler
     publishes in turn joins the same trace.
     """
-    if not _records(tracer):
-        context = (_lean_extract(headers) or extract(headers)) if headers else None
-        if context is None or not trace.get_current_span(context).get_span_context().is_valid:
-            context = _new_trace()
-        token = otel_context.attach(context)
+    if not records(tracer):
+        token = otel_context.attach(incoming(headers))
         try:
             yield trace.get_current_span()
         finally:
@@ -374,9 +381,11 @@ __all__ = [
     "build_provider",
     "exporter_from_env",
     "extract",
+    "incoming",
     "inject",
     "messaging_attributes",
     "process_span",
     "publish_span",
+    "records",
     "setup",
 ]
