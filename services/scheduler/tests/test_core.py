@@ -772,12 +772,11 @@ def test_rejections_are_sent_once_per_reason() -> None:
     assert event.reasons_for("ok") == []
 
 
-def test_a_capacity_patch_judges_again_only_what_capacity_can_change() -> None:
-    """A rejection by a filter that does not read capacity stands through a patch;
-    clusters that passed, or that capacity rejected, are judged again."""
-    clusters = [make_cluster("a").cordoned(), make_cluster("b"), make_cluster("c")]
-    patched = fleet(*clusters)
-    judged: list[list[str]] = []
+def cordon_and_capacity_judge(
+    judged: list[list[str]], words: dict[str, str]
+) -> Callable[[Sequence[ClusterView]], tuple[list[ClusterView], Rejections]]:
+    """A filter that rejects cluster "a" as cordoned and "c" for capacity, in the
+    words `words["c"]` holds when it judges; it notes which clusters it judged."""
 
     def judge(views: Sequence[ClusterView]) -> tuple[list[ClusterView], Rejections]:
         judged.append([v.name for v in views])
@@ -786,8 +785,19 @@ def test_a_capacity_patch_judges_again_only_what_capacity_can_change() -> None:
             if v.name == "a":
                 rejections[v.name] = Verdict(Code.UNSCHEDULABLE, "cordon", "cordoned")
             elif v.name == "c":
-                rejections[v.name] = Verdict(Code.UNSCHEDULABLE, "capacity", "full")
+                rejections[v.name] = Verdict(Code.UNSCHEDULABLE, "capacity", words["c"])
         return [v for v in views if v.name not in rejections], rejections
+
+    return judge
+
+
+def test_a_capacity_patch_judges_again_only_what_capacity_can_change() -> None:
+    """A rejection by a filter that does not read capacity stands through a patch;
+    clusters that passed, or that capacity rejected, are judged again."""
+    clusters = [make_cluster("a").cordoned(), make_cluster("b"), make_cluster("c")]
+    patched = fleet(*clusters)
+    judged: list[list[str]] = []
+    judge = cordon_and_capacity_judge(judged, {"c": "full"})
 
     def stands(verdict: Verdict) -> bool:
         return verdict.unit != "capacity"
@@ -822,16 +832,7 @@ def test_which_rejections_stand_is_remembered_with_the_memo() -> None:
     asked: list[str] = []
     judged: list[list[str]] = []
     words = {"c": "full"}
-
-    def judge(views: Sequence[ClusterView]) -> tuple[list[ClusterView], Rejections]:
-        judged.append([v.name for v in views])
-        rejections: Rejections = {}
-        for v in views:
-            if v.name == "a":
-                rejections[v.name] = Verdict(Code.UNSCHEDULABLE, "cordon", "cordoned")
-            elif v.name == "c":
-                rejections[v.name] = Verdict(Code.UNSCHEDULABLE, "capacity", words["c"])
-        return [v for v in views if v.name not in rejections], rejections
+    judge = cordon_and_capacity_judge(judged, words)
 
     def stands(verdict: Verdict) -> bool:
         asked.append(verdict.unit)
