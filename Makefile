@@ -61,6 +61,7 @@ bench: bootstrap
 	$(PY) bench/capacity.py
 	$(PY) bench/scheduler.py
 	$(PY) bench/io_floor.py
+	$(PY) bench/scheduler_instructions.py
 	$(PY) bench/kubesim.py
 	$(PY) bench/transformer.py
 	$(PY) bench/syncer.py
