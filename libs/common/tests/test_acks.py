@@ -111,3 +111,17 @@ async def test_a_cancelled_publisher_leaves_nothing_behind(nc: NatsClient, strea
     later = await acks.publish(f"{stream}.c", b"y")
     assert later.seq >= 1
     assert acks.waiting == 0
+
+
+@pytest.mark.parametrize("answer", [b"not json", b"{}", b'{"stream": "S"}'])
+async def test_an_unreadable_answer_fails_the_publish(nc: NatsClient, answer: bytes) -> None:
+    subject = f"odd{uuid.uuid4().hex}"
+
+    async def respond(msg: nats.aio.msg.Msg) -> None:
+        await nc.publish(msg.reply, answer)
+
+    await nc.subscribe(subject, cb=respond)
+    acks = Acks(nc, timeout=30)
+    with pytest.raises(nats.errors.Error, match="unreadable acknowledgement"):
+        await asyncio.wait_for(acks.publish(subject, b"x"), timeout=5)
+    assert acks.waiting == 0

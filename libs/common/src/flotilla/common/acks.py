@@ -111,7 +111,16 @@ class Acks:
             answer: Any = json.loads(msg.data)
             if "error" in answer:
                 nats.js.errors.APIError.from_error(answer["error"])  # raises the right kind
-            future.set_result(api.PubAck.from_response(answer))
+            # The fields a JetStream publish is answered with, without nats-py's
+            # generic `from_response` (it looks the dataclass's fields up per call).
+            future.set_result(
+                api.PubAck(
+                    stream=answer["stream"],
+                    seq=answer["seq"],
+                    domain=answer.get("domain"),
+                    duplicate=answer.get("duplicate"),
+                )
+            )
         except nats.js.errors.APIError as refused:
             future.set_exception(refused)
         except (ValueError, TypeError, KeyError) as exc:
