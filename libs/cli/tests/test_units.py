@@ -334,3 +334,8 @@ def test_the_reference_pages_are_generated_from_the_code_and_current() -> None:
     assert "`spec.unschedulable` | boolean" in page
     settings = reference.configuration_reference()
     assert "`FLOTILLA_RESERVATION_TTL`" in settings and "`FLOTILLA_NATS_URL`" in settings
+    # A common setting a service gives another default is listed under that service too.
+    scheduler = settings.split("## scheduler", 1)[1].split("\n## ", 1)[0]
+    assert "| `FLOTILLA_MAX_CONCURRENCY` | `256` |" in scheduler
+    assert "| `FLOTILLA_MAX_CONCURRENCY` | `64` |" in settings.split("## scheduler", 1)[0]
+    assert "FLOTILLA_HANDLER_DEADLINE" not in scheduler  # the same default: listed once

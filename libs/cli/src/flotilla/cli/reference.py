@@ -211,12 +211,13 @@ def configuration_reference() -> str:
         "at start and refuses to start, naming each bad variable, when one is invalid.",
         "",
     ]
-    base = set(config.Settings.model_fields)
+    base = config.Settings.model_fields
     for owner, cls in _settings_classes():
+        # A service's own settings, and common ones it gives another default.
         fields = {
             name: info
             for name, info in cls.model_fields.items()
-            if cls is config.Settings or name not in base
+            if cls is config.Settings or name not in base or _default(info) != _default(base[name])
         }
         if not fields:
             continue

@@ -137,6 +137,13 @@ MAX_ATTEMPTS = 8
 class SchedulerSettings(Settings):
     """The scheduler's own settings (``FLOTILLA_RESERVATION_TTL`` …) on top of the common ones."""
 
+    max_concurrency: int = Field(
+        default=256,
+        ge=1,
+        description="events one replica handles at once; the scheduler's handlers mostly "
+        "wait, for the batch their decision is made in and for acknowledgements, so more in "
+        "flight makes larger batches and leaves the process less idle between round trips",
+    )
     reservation_ttl: float = Field(
         default=300.0,
         gt=0,
