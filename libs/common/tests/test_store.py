@@ -12,6 +12,7 @@ import pytest
 from pydantic import BaseModel
 
 from flotilla.common import store
+from flotilla.common.acks import Acks
 from flotilla.common.bus import Bus
 from flotilla.common.errors import Unavailable
 from flotilla.common.infra import NatsServer
@@ -384,7 +385,7 @@ async def test_a_watch_is_caught_up_only_after_what_the_bucket_held() -> None:
     watch = _EarlyMarkerWatch(entries)
     kv = SimpleNamespace(watchall=lambda **_: _resolved(watch))
     js = SimpleNamespace(stream_info=lambda _: _resolved(_Info(len(entries))))
-    things = store.Store(store.JetStreamBucket(js, kv, "things"), Thing)  # type: ignore[arg-type]
+    things = store.Store(store.JetStreamBucket(js, kv, "things", acks=Acks(js)), Thing)  # type: ignore[arg-type]
     loaded = await things.load(timeout=5)
     assert sorted(loaded) == ["a", "b"]
     assert watch.stopped
@@ -394,7 +395,7 @@ async def test_an_empty_bucket_is_caught_up_at_once() -> None:
     watch = _EarlyMarkerWatch([])
     kv = SimpleNamespace(watchall=lambda **_: _resolved(watch))
     js = SimpleNamespace(stream_info=lambda _: _resolved(_Info(0)))
-    things = store.Store(store.JetStreamBucket(js, kv, "things"), Thing)  # type: ignore[arg-type]
+    things = store.Store(store.JetStreamBucket(js, kv, "things", acks=Acks(js)), Thing)  # type: ignore[arg-type]
     assert await things.load(timeout=5) == {}
 
 

@@ -565,10 +565,10 @@ class JetStreamBucket:
 
     Reads go through nats-py's KV. Creates and updates are the KV's own
     compare-and-set (a publish to the key's subject naming the revision read, in
-    ``Nats-Expected-Last-Subject-Sequence``), sent through the bus's `Acks` when it
-    has one: the record write of every decision then costs no request/reply round
-    of its own. A create that finds a tombstone re-creates over it, as nats-py's
-    ``create`` does. Deletes publish the KV delete marker themselves, because
+    ``Nats-Expected-Last-Subject-Sequence``), sent through the bus's `Acks`: the
+    record write of every decision then costs no request/reply round of its own.
+    A create that finds a tombstone re-creates over it, as nats-py's ``create``
+    does. Deletes publish the KV delete marker themselves, because
     nats-py's ``delete`` does not return the tombstone's revision, and purges go
     through the stream API so that they can be bounded by a sequence (nats-py's
     ``purge_deletes`` would also remove a value written after the tombstone it
@@ -581,7 +581,7 @@ class JetStreamBucket:
         kv: nats.js.kv.KeyValue,
         name: str,
         *,
-        acks: Acks | None = None,
+        acks: Acks,
     ) -> None:
         self.js = js
         self.kv = kv
@@ -600,8 +600,6 @@ class JetStreamBucket:
 
     async def create(self, key: str, data: bytes) -> int:
         with _nats_errors(f"create {key}"):
-            if self.acks is None:
-                return int(await self.kv.create(key, data))
             try:
                 return await self._write(key, data, 0)
             except nats.js.errors.APIError as exc:
@@ -618,12 +616,9 @@ class JetStreamBucket:
 
     async def update(self, key: str, data: bytes, revision: int) -> int:
         with _nats_errors(f"update {key}"):
-            if self.acks is None:
-                return int(await self.kv.update(key, data, last=revision))
             return await self._write(key, data, revision)
 
     async def _write(self, key: str, data: bytes, last: int) -> int:
-        assert self.acks is not None
         headers = {EXPECTED_LAST_SUBJECT_SEQUENCE: str(last)}
         return int((await self.acks.publish(self._prefix + key, data, headers)).seq)
 
