@@ -51,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -375,12 +376,13 @@ def make_service_object(i: int, rng: random.Random) -> ResourceAnalyzed:
 
 
 class _Replica:
-    """One ``python -m flotilla.scheduler`` process."""
+    """One ``python -m flotilla.scheduler`` process, started under `wrapper` (a
+    command and its arguments, e.g. valgrind's) when one is given."""
 
-    def __init__(self, env: dict[str, str], instance: str) -> None:
+    def __init__(self, env: dict[str, str], instance: str, wrapper: Sequence[str] = ()) -> None:
         self.instance = instance
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "flotilla.scheduler"],
+            [*wrapper, sys.executable, "-m", "flotilla.scheduler"],
             env={**env, "FLOTILLA_INSTANCE": instance},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -414,6 +416,8 @@ async def _service_run(
     run: int,
     timeout: float = 120.0,
     profile_dir: str | None = None,
+    wrapper: Sequence[str] = (),
+    startup_timeout: float = 60.0,
 ) -> dict[str, Any]:
     rng = random.Random(11)
     prefix = f"bench{run}"
@@ -434,7 +438,7 @@ async def _service_run(
         "FLOTILLA_LOG_LEVEL": "ERROR",
     }
     clusters, snapshot = make_fleet(size, rng, roomy=True)
-    started_replicas = [_Replica(env, f"bench-{run}-{i}") for i in range(replicas)]
+    started_replicas = [_Replica(env, f"bench-{run}-{i}", wrapper) for i in range(replicas)]
     received = placed = 0
     done = asyncio.Event()
 
@@ -482,7 +486,7 @@ async def _service_run(
             counts = sorted(held.values())
             return len(counts) == replicas and counts[-1] - counts[0] <= 1
 
-        await _until(ready, 60, "the scheduler replicas to consume every partition")
+        await _until(ready, startup_timeout, "the scheduler replicas to consume every partition")
         batch = []
         for i in range(objects):
             obj = make_service_object(i, rng)

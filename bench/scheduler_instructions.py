@@ -22,8 +22,6 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from typing import Any
 
@@ -35,36 +33,6 @@ STARTUP_WAIT = 900.0
 """Seconds the replica may take to start under valgrind."""
 
 
-def _instrumented(outputs: str) -> type[Any]:
-    """`bench/scheduler.py`'s replica class, started under cachegrind."""
-
-    found = shutil.which("valgrind")
-    if found is None:
-        raise RuntimeError("this benchmark needs valgrind")
-    valgrind: str = found
-
-    class Instrumented(service_bench._Replica):  # type: ignore[misc]
-        def __init__(self, env: dict[str, str], instance: str) -> None:
-            self.instance = instance
-            self.output = os.path.join(outputs, f"{instance}.cachegrind")
-            self.proc = subprocess.Popen(
-                [
-                    valgrind,
-                    "--tool=cachegrind",
-                    "--cache-sim=no",
-                    f"--cachegrind-out-file={self.output}",
-                    sys.executable,
-                    "-m",
-                    "flotilla.scheduler",
-                ],
-                env={**env, "FLOTILLA_INSTANCE": instance},
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-
-    return Instrumented
-
-
 def _total(path: str) -> int:
     with open(path) as counts:
         for line in counts:
@@ -74,24 +42,33 @@ def _total(path: str) -> int:
 
 
 async def measure(clusters: int, few: int, more: int) -> dict[str, Any]:
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise RuntimeError("this benchmark needs valgrind")
     outputs = tempfile.mkdtemp(prefix="flotilla-cachegrind-")
-    service_bench._Replica = _instrumented(outputs)
-    until = service_bench._until
-
-    async def patient(check: Any, timeout: float, what: str) -> None:
-        await until(check, max(timeout, STARTUP_WAIT), what)
-
-    service_bench._until = patient
     counted = []
     with NatsServer() as nats_server, RedisServer() as redis_server:
         for run, objects in enumerate((few, more), start=1):
+            output = os.path.join(outputs, f"run{run}.cachegrind")
             result = await service_bench._service_run(
-                nats_server.url, redis_server.url, objects, clusters, 1, run, timeout=3600.0
+                nats_server.url,
+                redis_server.url,
+                objects,
+                clusters,
+                1,
+                run,
+                timeout=3600.0,
+                wrapper=[
+                    valgrind,
+                    "--tool=cachegrind",
+                    "--cache-sim=no",
+                    f"--cachegrind-out-file={output}",
+                ],
+                startup_timeout=STARTUP_WAIT,
             )
             if not result["complete"]:
                 raise RuntimeError(f"run of {objects} objects did not finish: {result}")
-            instructions = _total(os.path.join(outputs, f"bench-{run}-0.cachegrind"))
-            counted.append({**result, "instructions": instructions})
+            counted.append({**result, "instructions": _total(output)})
     return {
         "clusters": clusters,
         "objects": [few, more],
